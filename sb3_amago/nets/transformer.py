@@ -1,0 +1,281 @@
+"""AMAGO's causal Transformer trajectory encoder, with a key/value cache for acting.
+
+Architecture (per block, pre-norm with NormFormer's extra normalisations)::
+
+    h = x + LN_attn(HeadScale(Attn(LN_1(x))))
+    y = h + Drop(FF_2(Drop(LN_ff(LeakyReLU(FF_1(LN_2(h)))))))
+
+followed by a final LayerNorm. The query/key/value, attention-output and both feed-forward
+projections are sigma-reparameterised (:mod:`sb3_amago.nets.sigma_reparam`). The position embedding
+is computed from each step's *global* time index in its rollout, so a window cut from the middle
+of a rollout keeps absolute time.
+
+Acting (``step``) caches the keys and values of every layer for each env. While an env has seen at
+most ``max_seq_len`` steps since its last reset, a step embeds only the new timestep and attends
+over the cache: O(context) work per step. Once the context is full it slides (the oldest step
+drops out). The cached upper-layer keys of the remaining steps were computed with the dropped
+step in their context, so reusing them would not match training; instead, for each env whose
+context is full, the step recomputes the whole window of the last ``max_seq_len`` layer-0 inputs:
+O(n_layers * max_seq_len^2 * d_model) work per step for those envs only.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch as th
+from torch import nn
+from torch.nn import functional as F
+
+from sb3_amago.nets.base import TrajEncoder
+from sb3_amago.nets.sigma_reparam import make_linear
+
+POS_EMB_TYPES = ("sinusoidal", "learnable")
+
+
+@dataclass
+class TransformerState:
+    """Per-env acting state of :class:`TransformerTrajEncoder`.
+
+    ``step`` and ``reset_state`` update these tensors in place (the cache is large) and return the
+    same object.
+
+    :param keys: cached keys ``(n_layers, N, n_heads, max_seq_len, d_head)``
+    :param values: cached values, same shape
+    :param inputs: the layer-0 inputs (embedded timesteps) of the last ``max_seq_len`` steps,
+        a ring buffer ``(N, max_seq_len, d_model)``: step ``c`` since reset is in slot ``c % max_seq_len``
+    :param count: ``(N,)`` int64, steps seen since each env's last reset
+    """
+
+    keys: th.Tensor
+    values: th.Tensor
+    inputs: th.Tensor
+    count: th.Tensor
+
+    @property
+    def n_envs(self) -> int:
+        return self.count.shape[0]
+
+
+def sinusoidal_embedding(time_idx: th.Tensor, d_model: int) -> th.Tensor:
+    """Sinusoidal embedding of integer time indices (Vaswani et al. 2017), ``[sin, cos]`` halves.
+
+    :param time_idx: ``(...)`` int
+    :return: ``(..., d_model)`` float32
+    """
+    half = d_model // 2
+    freqs = th.exp(th.arange(half, device=time_idx.device, dtype=th.float32) * (-math.log(10000.0) / half))
+    angles = time_idx.to(th.float32).unsqueeze(-1) * freqs  # (..., half)
+    return th.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class TransformerBlock(nn.Module):
+    """One pre-norm NormFormer block; see the module docstring.
+
+    :param d_model: residual stream width
+    :param n_heads: attention heads
+    :param d_ff: feed-forward hidden width
+    :param dropout: dropout on the feed-forward hidden activation and output
+    :param sigma_reparam: sigma-reparameterise the four projections
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, sigma_reparam: bool) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.norm_attn_in = nn.LayerNorm(d_model)
+        self.qkv = make_linear(d_model, 3 * d_model, sigma_reparam)
+        self.head_scale = nn.Parameter(th.ones(n_heads))
+        self.attn_out = make_linear(d_model, d_model, sigma_reparam)
+        self.norm_attn_out = nn.LayerNorm(d_model)
+        self.norm_ff_in = nn.LayerNorm(d_model)
+        self.ff_in = make_linear(d_model, d_ff, sigma_reparam)
+        self.norm_ff_hidden = nn.LayerNorm(d_ff)
+        self.ff_out = make_linear(d_ff, d_model, sigma_reparam)
+        self.dropout = nn.Dropout(dropout)
+
+    def _qkv(self, x: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """``(B, L, D)`` residual stream -> query, key, value, each ``(B, H, L, Dh)``."""
+        batch, length, _ = x.shape
+        qkv = self.qkv(self.norm_attn_in(x)).view(batch, length, 3, self.n_heads, self.d_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, L, Dh)
+        return q, k, v
+
+    def _finish(self, x: th.Tensor, attn: th.Tensor) -> th.Tensor:
+        """Attention output ``(B, H, L, Dh)`` + residual ``(B, L, D)`` -> block output ``(B, L, D)``."""
+        attn = attn * self.head_scale.to(attn.dtype)[:, None, None]
+        attn = attn.transpose(1, 2).flatten(2)  # (B, L, D)
+        x = x + self.norm_attn_out(self.attn_out(attn))
+        hidden = self.norm_ff_hidden(F.leaky_relu(self.ff_in(self.norm_ff_in(x))))  # (B, L, d_ff)
+        return x + self.dropout(self.ff_out(self.dropout(hidden)))
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        """Causal pass over whole sequences: ``(B, L, D)`` -> ``(B, L, D)``."""
+        q, k, v = self._qkv(x)
+        return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def step(
+        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor
+    ) -> th.Tensor:
+        """One new position per env, attending over a cache that it first writes into.
+
+        :param x: ``(N, D)`` residual stream of the new position
+        :param keys: this layer's key cache ``(N, H, S, Dh)``, updated in place at ``slot``
+        :param values: value cache, same shape
+        :param slot: ``(N,)`` int64 cache slot of the new position
+        :param valid: ``(N, S')`` bool, the slots ``[:S']`` the new position attends to
+        :return: ``(N, D)``
+        """
+        envs = th.arange(x.shape[0], device=x.device)
+        q, k, v = self._qkv(x.unsqueeze(1))  # (N, H, 1, Dh)
+        keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
+        values[envs, :, slot] = v[:, :, 0].to(values.dtype)
+        width = valid.shape[1]
+        attn = F.scaled_dot_product_attention(
+            q,
+            keys[:, :, :width].to(q.dtype),
+            values[:, :, :width].to(q.dtype),
+            attn_mask=valid[:, None, None, :],
+        )  # (N, H, 1, Dh)
+        return self._finish(x.unsqueeze(1), attn).squeeze(1)
+
+
+class TransformerTrajEncoder(TrajEncoder):
+    """AMAGO's causal Transformer over timestep embeddings.
+
+    :param d_in: size of each timestep embedding
+    :param max_seq_len: longest sequence of the full forward, and the acting context length
+    :param d_model: residual stream width (the output size)
+    :param n_heads: attention heads; must divide ``d_model``
+    :param d_ff: feed-forward hidden width
+    :param n_layers: number of blocks
+    :param dropout: dropout on the input embedding and in the feed-forward layers
+    :param pos_emb: ``"sinusoidal"`` (any time index) or ``"learnable"`` (a table of ``max_time`` rows)
+    :param max_time: size of the learnable position table: time indices must be below it
+    :param sigma_reparam: sigma-reparameterise the attention and feed-forward projections
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        max_seq_len: int,
+        d_model: int = 256,
+        n_heads: int = 8,
+        d_ff: int = 1024,
+        n_layers: int = 3,
+        dropout: float = 0.05,
+        pos_emb: str = "sinusoidal",
+        max_time: int | None = None,
+        sigma_reparam: bool = True,
+    ) -> None:
+        super().__init__(d_in, max_seq_len)
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if pos_emb not in POS_EMB_TYPES:
+            raise ValueError(f"Unknown pos_emb '{pos_emb}', expected one of {POS_EMB_TYPES}")
+        if pos_emb == "sinusoidal" and d_model % 2 != 0:
+            raise ValueError(f"The sinusoidal position embedding needs an even d_model, got {d_model}")
+        if pos_emb == "learnable" and (max_time is None or max_time < 1):
+            raise ValueError(
+                f"pos_emb='learnable' needs max_time >= 1 (the longest rollout, in steps), got {max_time}"
+            )
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_layers = n_layers
+        self.pos_emb_type = pos_emb
+        self.max_time = max_time
+        self.input_proj = nn.Linear(d_in, d_model)
+        self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" else None
+        self.emb_dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers)
+        )
+        self.out_norm = nn.LayerNorm(d_model)
+
+    @property
+    def out_dim(self) -> int:
+        return self.d_model
+
+    def _check_time(self, time_idx: th.Tensor, real: th.Tensor) -> None:
+        """Raise if a real step's time index falls outside the learnable position table."""
+        if self.pos_table is None:
+            return
+        real_idx = time_idx[real]
+        if real_idx.numel() == 0:
+            return
+        low, high = (int(v) for v in th.stack([real_idx.min(), real_idx.max()]).tolist())
+        bad = high if high >= self.max_time else low
+        if low < 0 or high >= self.max_time:
+            raise ValueError(
+                f"Time index {bad} is outside the learnable position table of size max_time={self.max_time} "
+                f"(valid indices 0..{self.max_time - 1}); build the encoder with a larger max_time"
+            )
+
+    def _embed(self, x: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
+        """Layer-0 input before dropout: ``(..., d_in)``, ``(...)`` -> ``(..., d_model)``."""
+        h = self.input_proj(x)
+        if self.pos_table is None:
+            pos = sinusoidal_embedding(time_idx, self.d_model)
+        else:
+            pos = self.pos_table(time_idx.clamp(0, self.max_time - 1))
+        return h + pos.to(h.dtype)
+
+    def _run_blocks(self, h: th.Tensor) -> th.Tensor:
+        """Causal pass of the embedded sequence ``(B, L, d_model)`` through every block + final norm."""
+        h = self.emb_dropout(h)
+        for block in self.blocks:
+            h = block(h)
+        return self.out_norm(h)
+
+    def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
+        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` int64; ``pad_mask`` ``(B, L)`` bool
+        :return: ``(B, L, d_model)``
+        """
+        length = x.shape[1]
+        if length > self.max_seq_len:
+            raise ValueError(
+                f"Sequence length {length} exceeds max_seq_len={self.max_seq_len} of the Transformer encoder"
+            )
+        self._check_time(time_idx, pad_mask)
+        x = x.masked_fill(~pad_mask.unsqueeze(-1), 0.0)
+        return self._run_blocks(self._embed(x, time_idx))
+
+    def init_state(self, n_envs: int, device: th.device | str, dtype: th.dtype = th.float32) -> TransformerState:
+        cache_shape = (self.n_layers, n_envs, self.n_heads, self.max_seq_len, self.d_model // self.n_heads)
+        return TransformerState(
+            keys=th.zeros(cache_shape, device=device, dtype=dtype),
+            values=th.zeros(cache_shape, device=device, dtype=dtype),
+            inputs=th.zeros(n_envs, self.max_seq_len, self.d_model, device=device, dtype=dtype),
+            count=th.zeros(n_envs, device=device, dtype=th.int64),
+        )
+
+    def reset_state(self, state: TransformerState, done: th.Tensor) -> TransformerState:
+        state.count.masked_fill_(done.to(state.count.device, th.bool), 0)
+        return state
+
+    def step(self, x: th.Tensor, time_idx: th.Tensor, state: TransformerState) -> tuple[th.Tensor, TransformerState]:
+        """:param x: ``(N, d_in)``; ``time_idx`` ``(N,)``
+        :return: ``(N, d_model)`` and ``state`` (updated in place)
+        """
+        n_envs, window = x.shape[0], self.max_seq_len
+        self._check_time(time_idx, th.ones_like(time_idx, dtype=th.bool))
+        envs = th.arange(n_envs, device=x.device)
+        emb = self._embed(x, time_idx)  # (N, d_model)
+        slot = state.count % window  # (N,)
+        state.inputs[envs, slot] = emb.to(state.inputs.dtype)
+        full = state.count >= window  # (N,) the context slides for these envs
+        max_count, n_full = (int(v) for v in th.stack([state.count.max(), full.sum()]).tolist())
+        out = th.empty(n_envs, self.d_model, device=x.device, dtype=emb.dtype)
+        if n_full < n_envs:
+            width = min(max_count + 1, window)
+            valid = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
+            h = self.emb_dropout(emb)
+            for layer, block in enumerate(self.blocks):
+                h = block.step(h, state.keys[layer], state.values[layer], slot, valid)
+            out = self.out_norm(h)
+        if n_full > 0:
+            full_envs = full.nonzero().squeeze(1)  # (F,)
+            order = (state.count[full_envs, None] + 1 + th.arange(window, device=x.device)) % window  # (F, S)
+            recomputed = self._run_blocks(state.inputs[full_envs[:, None], order].to(emb.dtype))  # (F, S, D)
+            out = out.to(recomputed.dtype).index_put((full_envs,), recomputed[:, -1])
+        state.count += 1
+        return out, state

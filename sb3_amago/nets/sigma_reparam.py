@@ -50,16 +50,17 @@ class SigmaReparamLinear(nn.Module):
     def _power_step(self) -> None:
         """One power-iteration step, updating ``u`` and ``v`` in place."""
         weight = self.weight.detach().to(self.u.dtype)  # (out, in)
-        self.v.copy_(F.normalize(weight.T @ self.u, dim=0, eps=_EPS))
-        self.u.copy_(F.normalize(weight @ self.v, dim=0, eps=_EPS))
+        self.v.copy_(F.normalize((weight * self.u[:, None]).sum(0), dim=0, eps=_EPS))
+        self.u.copy_(F.normalize((weight * self.v[None, :]).sum(1), dim=0, eps=_EPS))
 
     def sigma(self) -> th.Tensor:
         """Current estimate of the largest singular value of ``W`` (0-dim, differentiable in ``W``).
 
         The vectors are cloned so that a later power step, updating them in place, does not
-        invalidate a graph built from this estimate.
+        invalidate a graph built from this estimate. Here and in the power step, products are
+        written elementwise so that autocast never lowers their precision.
         """
-        return th.dot(self.u.clone(), self.weight.to(self.u.dtype) @ self.v.clone())
+        return (self.u.clone()[:, None] * self.weight.to(self.u.dtype) * self.v.clone()[None, :]).sum()
 
     def forward(self, x: th.Tensor) -> th.Tensor:
         """:param x: ``(..., in_features)`` -> ``(..., out_features)``"""

@@ -1,0 +1,235 @@
+"""AMAGO's timestep encoder: one observation plus the previous action -> one embedding, no memory.
+
+Pipeline for a batch of windows ``(B, L)``::
+
+    validate -> zero padded rows -> flatten to (B * L, ...) -> running normalisation of float Box parts
+    -> SB3 preprocess_obs -> features extractor -> concat [features, previous-action features]
+    -> MLP (leaky ReLU) -> Linear(d_out) -> LayerNorm
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.preprocessing import get_action_dim, is_image_space, preprocess_obs
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+from torch.nn import functional as F
+
+from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY
+from sb3_amago.nets.obs_extractors import SINGLE_KEY, AmagoExtractor, as_space_dict
+from sb3_amago.type_aliases import TensorObs
+
+OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete)
+
+
+class RunningNorm(nn.Module):
+    """Running input normalisation with bias-corrected exponential moving statistics.
+
+    Each training-mode call with at least one real row updates the mean and variance towards the
+    real rows' batch statistics at rate ``beta / c_t``, where ``c_t = 1 - (1 - beta)^t`` after
+    ``t`` updates: the same weighting as an EMA with rate ``beta`` started at zero and divided by
+    ``c_t`` (Adam's bias correction), written so that the variance never needs ``E[x^2] - mean^2``.
+    All statistics are float buffers; eval-mode calls leave them unchanged.
+
+    :param shape: shape of one observation
+    :param rate: EMA rate ``beta``
+    :param eps: added to the variance
+    :param clip: normalised values are clipped to ``[-clip, clip]``
+    """
+
+    def __init__(self, shape: tuple[int, ...], rate: float = 1e-4, eps: float = 1e-8, clip: float = 10.0) -> None:
+        super().__init__()
+        self.rate = rate
+        self.eps = eps
+        self.clip = clip
+        self.register_buffer("mean", th.zeros(shape))
+        self.register_buffer("var", th.ones(shape))
+        self.register_buffer("debias", th.zeros(()))
+
+    @th.no_grad()
+    def update(self, x: th.Tensor, real: th.Tensor) -> None:
+        """:param x: ``(N, *shape)`` in the buffers' dtype; ``real``: ``(N,)`` bool, rows to learn from"""
+        weight = real.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))  # (N, 1, ...)
+        n_real = weight.sum()
+        batch_mean = (x * weight).sum(0) / n_real.clamp(min=1)
+        batch_var = ((x - batch_mean) ** 2 * weight).sum(0) / n_real.clamp(min=1)
+        has_real = (n_real > 0).to(x.dtype)
+        self.debias.add_(has_real * self.rate * (1.0 - self.debias))
+        step = has_real * self.rate / self.debias.clamp(min=self.rate)
+        delta = batch_mean - self.mean
+        self.var.copy_((1 - step) * self.var + step * batch_var + step * (1 - step) * delta**2)
+        self.mean.add_(step * delta)
+
+    def forward(self, x: th.Tensor, real: th.Tensor) -> th.Tensor:
+        """:param x: ``(N, *shape)``; ``real``: ``(N,)`` bool -> normalised ``(N, *shape)``"""
+        x = x.to(self.mean.dtype)
+        if self.training:
+            self.update(x, real)
+        return ((x - self.mean) / th.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+
+def _is_integer(dtype: th.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == th.bool)
+
+
+def _expected_dtype(space: spaces.Space) -> tuple[str, Callable[[th.dtype], bool]]:
+    """A description of the accepted dtypes of one observation part and a predicate on ``th.dtype``."""
+    if is_image_space(space):
+        return "uint8", lambda d: d == th.uint8
+    if isinstance(space, spaces.MultiBinary):
+        return "a bool, integer or float dtype", lambda d: not d.is_complex
+    return "an integer or float dtype", lambda d: d.is_floating_point or _is_integer(d)
+
+
+class TimestepEncoder(nn.Module):
+    """Embeds each timestep from its observation and the action that led to it.
+
+    :param observation_space: a Box, Discrete, MultiDiscrete, MultiBinary or a Dict of these
+    :param action_space: Discrete, MultiDiscrete or Box
+    :param features_extractor_class: any SB3 ``BaseFeaturesExtractor``; it receives the observations
+        preprocessed as SB3 policies give them, flattened to ``(B * L, ...)``. Default
+        :class:`~sb3_amago.nets.obs_extractors.AmagoExtractor`
+    :param features_extractor_kwargs: passed to the extractor's constructor
+    :param d_out: embedding size
+    :param hidden_sizes: MLP hidden layers
+    :param normalize_obs: running normalisation of the float (non-image) Box parts
+    :param instruction_keys: Dict keys of goal-token sequences (for the default extractor)
+    :param ignore_keys: Dict keys the policy never sees (dropped from the space and the input)
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        features_extractor_class: type[BaseFeaturesExtractor] | None = None,
+        features_extractor_kwargs: dict[str, Any] | None = None,
+        d_out: int = 256,
+        hidden_sizes: Sequence[int] = (512, 512),
+        normalize_obs: bool = True,
+        instruction_keys: Sequence[str] = (INSTRUCTION_KEY,),
+        ignore_keys: Sequence[str] = (ACHIEVED_KEY,),
+    ) -> None:
+        super().__init__()
+        if isinstance(observation_space, spaces.Dict):
+            observation_space = spaces.Dict({k: s for k, s in observation_space.spaces.items() if k not in ignore_keys})
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.obs_spaces = as_space_dict(observation_space)
+        for key, space in self.obs_spaces.items():
+            if not isinstance(space, OBS_SPACES):
+                raise ValueError(f"Observation '{key}': unsupported space {space}, expected one of {OBS_SPACES}")
+        if not isinstance(action_space, ACTION_SPACES):
+            raise ValueError(f"Unsupported action space {action_space}, expected one of {ACTION_SPACES}")
+        self.action_dim = get_action_dim(action_space)
+        self.obs_norms = nn.ModuleDict(
+            {
+                key: RunningNorm(space.shape)
+                for key, space in self.obs_spaces.items()
+                if normalize_obs
+                and isinstance(space, spaces.Box)
+                and not is_image_space(space)
+                and np.issubdtype(space.dtype, np.floating)
+            }
+        )
+        extractor_kwargs = dict(features_extractor_kwargs or {})
+        if features_extractor_class is None:
+            features_extractor_class = AmagoExtractor
+            extractor_kwargs.setdefault("instruction_keys", tuple(instruction_keys))
+        self.features_extractor = features_extractor_class(observation_space, **extractor_kwargs)
+        layers: list[nn.Module] = []
+        width = self.features_extractor.features_dim + self.action_features_dim
+        for hidden in hidden_sizes:
+            layers += [nn.Linear(width, hidden), nn.LeakyReLU()]
+            width = hidden
+        self.mlp = nn.Sequential(*layers, nn.Linear(width, d_out), nn.LayerNorm(d_out))
+        self.d_out = d_out
+
+    @property
+    def action_features_dim(self) -> int:
+        """Size of the previous-action features: the action encoding plus a "first step" flag."""
+        if isinstance(self.action_space, spaces.Discrete):
+            return int(self.action_space.n) + 1
+        if isinstance(self.action_space, spaces.MultiDiscrete):
+            return int(np.sum(self.action_space.nvec)) + 1
+        return self.action_dim + 1
+
+    def _validated_obs(self, obs: TensorObs, batch: int, length: int) -> dict[str, th.Tensor]:
+        """Check every observation part; Discrete parts come back as ``(B, L, 1)``."""
+        is_dict = isinstance(self.observation_space, spaces.Dict)
+        if is_dict != isinstance(obs, dict):
+            expected = "a dict of tensors" if is_dict else "a tensor"
+            raise ValueError(f"Observation: expected {expected} for {self.observation_space}, received {type(obs)}")
+        obs_dict = obs if is_dict else {SINGLE_KEY: obs}
+        out = {}
+        for key, space in self.obs_spaces.items():
+            if key not in obs_dict:
+                raise ValueError(f"Observation key '{key}' is missing: expected keys {list(self.obs_spaces)}")
+            x = obs_dict[key]
+            shape = (1,) if isinstance(space, spaces.Discrete) else tuple(space.shape)
+            accepted = [(batch, length, *shape)] + ([(batch, length)] if isinstance(space, spaces.Discrete) else [])
+            if not isinstance(x, th.Tensor) or tuple(x.shape) not in accepted:
+                received = tuple(x.shape) if isinstance(x, th.Tensor) else type(x)
+                raise ValueError(
+                    f"Observation '{key}' ({space}): expected shape {accepted[0]} (B, L, *obs_shape), received {received}"
+                )
+            dtype_desc, dtype_ok = _expected_dtype(space)
+            if not dtype_ok(x.dtype):
+                raise ValueError(f"Observation '{key}' ({space}): expected {dtype_desc}, received dtype {x.dtype}")
+            out[key] = x.reshape(batch, length, *shape)
+        return out
+
+    def _check_inputs(self, prev_actions: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> None:
+        batch, length = pad_mask.shape
+        if tuple(prev_actions.shape) != (batch, length, self.action_dim):
+            raise ValueError(
+                f"prev_actions: expected shape {(batch, length, self.action_dim)} (B, L, action_dim), "
+                f"received {tuple(prev_actions.shape)}"
+            )
+        if tuple(time_idx.shape) != (batch, length):
+            raise ValueError(f"time_idx: expected shape {(batch, length)} (B, L), received {tuple(time_idx.shape)}")
+
+    def action_features(self, prev_actions: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
+        """Features of the previous action, zero at the first step, plus a "first step" flag.
+
+        :param prev_actions: ``(B, L, action_dim)`` in the buffer's representation
+        :param time_idx: ``(B, L)``
+        :return: ``(B, L, action_features_dim)`` float
+        """
+        first = (time_idx == 0).unsqueeze(-1)  # (B, L, 1)
+        if isinstance(self.action_space, spaces.Box):
+            encoded = prev_actions.float()
+        else:
+            nvec = [int(self.action_space.n)] if isinstance(self.action_space, spaces.Discrete) else self.action_space.nvec
+            indices = prev_actions.long()  # (B, L, n_dims)
+            encoded = th.cat(
+                [F.one_hot(indices[..., i].clamp(0, int(n) - 1), int(n)) for i, n in enumerate(nvec)], dim=-1
+            ).float()
+        return th.cat([encoded.masked_fill(first, 0.0), first.float()], dim=-1)
+
+    def forward(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
+        """:param obs: ``(B, L, *obs_shape)`` tensor or dict of them, in the raw dtypes
+        :param prev_actions: ``(B, L, action_dim)`` float, the action that led to each step
+        :param time_idx: ``(B, L)`` int64 global time index
+        :param pad_mask: ``(B, L)`` bool, True for real steps
+        :return: ``(B, L, d_out)``; padded rows are zero
+        """
+        batch, length = pad_mask.shape
+        self._check_inputs(prev_actions, time_idx, pad_mask)
+        obs_dict = self._validated_obs(obs, batch, length)
+        real = pad_mask.reshape(-1)  # (B * L,)
+        flat = {}
+        for key, x in obs_dict.items():
+            x = x.reshape(batch * length, *x.shape[2:])
+            x = th.where(real.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
+            if key in self.obs_norms:
+                x = self.obs_norms[key](x, real)
+            flat[key] = preprocess_obs(x, self.obs_spaces[key]).to(self.mlp[-1].weight.dtype)
+        extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[SINGLE_KEY]
+        features = self.features_extractor(extractor_input).reshape(batch, length, -1)  # (B, L, F)
+        actions = self.action_features(prev_actions, time_idx).to(features.dtype)  # (B, L, A + 1)
+        out = self.mlp(th.cat([features, actions], dim=-1))  # (B, L, d_out)
+        return out.masked_fill(~pad_mask.unsqueeze(-1), 0.0)

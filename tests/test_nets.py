@@ -1,0 +1,294 @@
+"""Tests of the networks: trajectory encoders (full forward vs cached stepping, padding, sliding
+window), sigma-reparameterisation, the timestep encoder, dtypes and error messages."""
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.preprocessing import get_action_dim
+from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
+from torch.nn import functional as F
+
+from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
+from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
+
+D_IN = 5
+SMALL = {
+    "transformer": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2),
+    "transformer_learnable": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="learnable", max_time=300),
+    "gru": dict(d_hidden=16),
+    "ff": dict(d_hidden=16),
+}
+
+
+def make_encoder(kind: str, max_seq_len: int = 6) -> TrajEncoder:
+    return make_traj_encoder(kind.split("_")[0], D_IN, max_seq_len, **SMALL[kind])
+
+
+def full_forward(encoder: TrajEncoder, x: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
+    """Unpadded full forward of one sequence ``(L, d_in)`` -> ``(L, out_dim)``."""
+    return encoder(x[None], time_idx[None], th.ones(1, len(x), dtype=th.bool))[0]
+
+
+DICT_SPACE = spaces.Dict(
+    {
+        "vec": spaces.Box(-5, 5, (4,)),
+        "cell": spaces.Discrete(3),
+        "image": spaces.Box(0, 255, (36, 36, 3), np.uint8),
+        "instruction": spaces.MultiDiscrete([5, 5, 5]),
+        "achieved": spaces.MultiDiscrete([5, 5]),
+    }
+)
+ACTION_SPACES = [spaces.Discrete(4), spaces.MultiDiscrete([2, 3]), spaces.Box(-1, 1, (2,))]
+
+
+def sample_obs(space: spaces.Space, batch: int, length: int) -> th.Tensor | dict[str, th.Tensor]:
+    """Random observations ``(B, L, *shape)`` in the dtypes SB3's buffers store."""
+    if isinstance(space, spaces.Dict):
+        return {key: sample_obs(sub, batch, length) for key, sub in space.spaces.items()}
+    samples = np.stack([space.sample() for _ in range(batch * length)])
+    return th.as_tensor(samples).reshape(batch, length, *(space.shape or (1,)))
+
+
+def sample_prev_actions(action_space: spaces.Space, batch: int, length: int) -> th.Tensor:
+    samples = np.stack([action_space.sample() for _ in range(batch * length)]).astype(np.float32)
+    return th.as_tensor(samples).reshape(batch, length, get_action_dim(action_space))
+
+
+def timestep_inputs(space: spaces.Space, action_space: spaces.Space, batch: int = 2, length: int = 5) -> tuple:
+    time_idx = th.arange(length).repeat(batch, 1) + th.tensor([[0], [7]])[:batch]
+    pad_mask = th.ones(batch, length, dtype=th.bool)
+    pad_mask[-1, length - 2 :] = False
+    return sample_obs(space, batch, length), sample_prev_actions(action_space, batch, length), time_idx, pad_mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Trajectory encoders
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", list(SMALL))
+def test_step_matches_full_forward(kind: str) -> None:
+    """Cached stepping of N envs (different start times, resets, runs past max_seq_len) equals the
+    full forward over each env's context: the last max_seq_len steps (transformer, ff) or the whole
+    rollout (gru), with their global time indices."""
+    window, n_envs, n_steps = 6, 3, 24
+    encoder = make_encoder(kind, window).eval()
+    resets = {0: {0, 1, 2}, 3: {1}, 5: {2}, 14: {0}, 17: {1}}
+    time_offset = [0, 40, 250 - n_steps]  # the third env ends near the learnable table's end
+    histories: list[list[tuple[th.Tensor, int]]] = [[] for _ in range(n_envs)]
+    state = encoder.init_state(n_envs, "cpu")
+    xs = th.randn(n_steps, n_envs, D_IN)
+    for t in range(n_steps):
+        done = th.tensor([i in resets.get(t, ()) for i in range(n_envs)])
+        state = encoder.reset_state(state, done)
+        for i in np.flatnonzero(done.numpy()):
+            histories[i] = []
+        time_idx = th.tensor([len(histories[i]) + time_offset[i] for i in range(n_envs)])
+        for i in range(n_envs):
+            histories[i].append((xs[t, i], int(time_idx[i])))
+        out, state = encoder.step(xs[t], time_idx, state)
+        assert out.shape == (n_envs, encoder.out_dim)
+        for i in range(n_envs):
+            context = histories[i] if kind == "gru" else histories[i][-window:]
+            expected = full_forward(encoder, th.stack([x for x, _ in context]), th.tensor([s for _, s in context]))
+            th.testing.assert_close(out[i], expected[-1], atol=1e-5, rtol=0)
+    assert max(len(h) for h in histories) > window  # the sliding window was exercised
+
+
+@pytest.mark.parametrize("kind", list(SMALL))
+def test_padding_does_not_change_real_outputs(kind: str) -> None:
+    encoder = make_encoder(kind, 8).eval()
+    lengths = [8, 3, 5]
+    x = th.randn(3, 8, D_IN)
+    time_idx = th.arange(8).repeat(3, 1) + 10
+    pad_mask = th.arange(8)[None] < th.tensor(lengths)[:, None]
+    garbage = x.clone()
+    garbage[~pad_mask] = th.tensor([float("nan"), float("inf"), 1e6, -3.0, 0.0])
+    garbage_time = time_idx.masked_fill(~pad_mask, 10**9 if kind != "transformer_learnable" else -7)
+    out = encoder(garbage, garbage_time, pad_mask)
+    assert out.isfinite().all()
+    for b, n in enumerate(lengths):
+        th.testing.assert_close(out[b, :n], full_forward(encoder, x[b, :n], time_idx[b, :n]), atol=1e-5, rtol=0)
+
+
+def test_position_embedding_uses_global_time() -> None:
+    encoder = make_encoder("transformer").eval()
+    x, mask = th.randn(1, 4, D_IN), th.ones(1, 4, dtype=th.bool)
+    start = encoder(x, th.arange(4)[None], mask)
+    shifted = encoder(x, th.arange(4)[None] + 100, mask)
+    assert (start - shifted).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", list(SMALL))
+def test_gradients_reach_every_parameter(kind: str) -> None:
+    encoder = make_encoder(kind, 8).train()
+    out = encoder(th.randn(2, 8, D_IN), th.arange(8).repeat(2, 1), th.ones(2, 8, dtype=th.bool))
+    (out[:, -1] * th.randn_like(out[:, -1])).sum().backward()
+    for name, param in encoder.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("kind", list(SMALL))
+def test_persistent_buffers_are_floating(kind: str) -> None:
+    for name, value in make_encoder(kind).state_dict().items():
+        assert value.is_floating_point(), name
+
+
+@pytest.mark.parametrize("kind", list(SMALL))
+def test_bf16_autocast_and_float64(kind: str) -> None:
+    encoder = make_encoder(kind).eval()
+    x, time_idx, mask = th.randn(2, 6, D_IN), th.arange(6).repeat(2, 1), th.ones(2, 6, dtype=th.bool)
+    with th.autocast("cpu", dtype=th.bfloat16):
+        out = encoder(x, time_idx, mask)
+        state = encoder.init_state(2, "cpu", th.bfloat16)
+        for t in range(8):
+            step_out, state = encoder.step(x[:, t % 6], time_idx[:, t % 6] + t, state)
+    assert out.isfinite().all() and step_out.isfinite().all()
+    encoder = encoder.double()
+    out = encoder(x.double(), time_idx, mask)
+    step_out, _ = encoder.step(x[:, 0].double(), time_idx[:, 0], encoder.init_state(2, "cpu", th.float64))
+    assert out.dtype == step_out.dtype == th.float64
+    th.testing.assert_close(step_out, out[:, 0])
+
+
+def test_transformer_errors() -> None:
+    encoder = make_encoder("transformer", max_seq_len=4)
+    with pytest.raises(ValueError, match=r"length 5 exceeds max_seq_len=4"):
+        encoder(th.randn(1, 5, D_IN), th.arange(5)[None], th.ones(1, 5, dtype=th.bool))
+    learnable = TransformerTrajEncoder(D_IN, 4, d_model=8, n_heads=2, pos_emb="learnable", max_time=10)
+    with pytest.raises(ValueError, match=r"Time index 12 .* size max_time=10"):
+        learnable(th.randn(1, 4, D_IN), th.arange(4)[None] + 9, th.ones(1, 4, dtype=th.bool))
+    with pytest.raises(ValueError, match=r"Time index 10 .* size max_time=10"):
+        learnable.step(th.randn(2, D_IN), th.tensor([3, 10]), learnable.init_state(2, "cpu"))
+    with pytest.raises(ValueError, match="needs max_time"):
+        TransformerTrajEncoder(D_IN, 4, pos_emb="learnable")
+    with pytest.raises(ValueError, match="Unknown trajectory encoder 'lstm'"):
+        make_traj_encoder("lstm", D_IN, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sigma reparameterisation
+# ---------------------------------------------------------------------------------------------
+def test_sigma_reparam_identity_at_init_and_power_iteration() -> None:
+    layer = SigmaReparamLinear(20, 30).eval()
+    x = th.randn(7, 20)
+    th.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    with th.no_grad():
+        layer.weight.copy_(th.randn(30, 20))
+    true_sigma = th.linalg.matrix_norm(layer.weight.detach(), ord=2)
+    assert abs(layer.sigma().item() - true_sigma.item()) > 1e-2
+    layer.train()
+    for _ in range(200):
+        layer(x)
+    th.testing.assert_close(layer.sigma().detach(), true_sigma, rtol=1e-4, atol=0)
+    frozen = (layer.u.clone(), layer.v.clone())
+    with th.no_grad():
+        layer.weight.mul_(th.rand_like(layer.weight))
+    layer.eval()
+    layer(x)
+    assert th.equal(layer.u, frozen[0]) and th.equal(layer.v, frozen[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Timestep encoder
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("action_space", ACTION_SPACES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("obs_kind", ["box", "dict"])
+def test_timestep_encoder_shapes_and_gradients(obs_kind: str, action_space: spaces.Space) -> None:
+    space = spaces.Box(-1, 1, (3,)) if obs_kind == "box" else DICT_SPACE
+    encoder = TimestepEncoder(space, action_space, d_out=16, hidden_sizes=(32, 32))
+    obs, prev_actions, time_idx, pad_mask = timestep_inputs(space, action_space)
+    out = encoder(obs, prev_actions, time_idx, pad_mask)
+    assert out.shape == (2, 5, 16) and out.isfinite().all()
+    assert (out[~pad_mask] == 0).all()
+    (out[0, -1] * th.randn(16)).sum().backward()
+    for name, param in encoder.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    for name, value in encoder.state_dict().items():
+        assert value.is_floating_point(), name
+
+
+@pytest.mark.parametrize("cnn", ["nature", "impala"])
+def test_timestep_encoder_bf16_autocast(cnn: str) -> None:
+    encoder = TimestepEncoder(
+        DICT_SPACE, ACTION_SPACES[0], features_extractor_kwargs=dict(cnn=cnn), d_out=16, hidden_sizes=(32,)
+    )
+    with th.autocast("cpu", dtype=th.bfloat16):
+        out = encoder(*timestep_inputs(DICT_SPACE, ACTION_SPACES[0]))
+    assert out.isfinite().all()
+
+
+@pytest.mark.parametrize(
+    "space, extractor_class, kwargs",
+    [
+        (spaces.Box(-1, 1, (3,)), FlattenExtractor, {}),
+        (spaces.Box(0, 255, (3, 36, 36), np.uint8), NatureCNN, dict(features_dim=32)),
+        (spaces.Dict({"vec": spaces.Box(-1, 1, (3,)), "cell": spaces.Discrete(3)}), CombinedExtractor, {}),
+    ],
+    ids=["flatten", "nature_cnn", "combined"],
+)
+def test_timestep_encoder_with_sb3_extractors(space: spaces.Space, extractor_class: type, kwargs: dict) -> None:
+    encoder = TimestepEncoder(space, ACTION_SPACES[2], extractor_class, kwargs, d_out=16, hidden_sizes=(32,))
+    assert isinstance(encoder.features_extractor, extractor_class)
+    out = encoder(*timestep_inputs(space, ACTION_SPACES[2]))
+    assert out.shape == (2, 5, 16) and out.isfinite().all()
+
+
+def test_previous_action_features() -> None:
+    encoder = TimestepEncoder(spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([2, 3]), d_out=8, hidden_sizes=())
+    prev_actions = th.tensor([[[1.0, 2.0], [0.0, 1.0], [1.0, 0.0]]])
+    features = encoder.action_features(prev_actions, th.tensor([[0, 1, 2]]))
+    expected = th.tensor([[[0, 0, 0, 0, 0, 1], [1, 0, 0, 1, 0, 0], [0, 1, 1, 0, 0, 0]]], dtype=th.float32)
+    th.testing.assert_close(features, expected)
+
+
+def test_running_norm_ignores_padding_and_is_frozen_in_eval() -> None:
+    space = spaces.Box(-np.inf, np.inf, (2,))
+    encoder = TimestepEncoder(space, ACTION_SPACES[0], d_out=8, hidden_sizes=())
+    norm = encoder.obs_norms["obs"]
+    obs, prev_actions, time_idx, pad_mask = timestep_inputs(space, ACTION_SPACES[0], length=6)
+    obs = obs * 3.0 + 5.0
+    obs[~pad_mask] = 1e4
+    encoder(obs, prev_actions, time_idx, pad_mask)
+    real = obs[pad_mask]  # (n_real, 2)
+    th.testing.assert_close(norm.mean, real.mean(0))
+    th.testing.assert_close(norm.var, real.var(0, unbiased=False))
+    frozen = {k: v.clone() for k, v in norm.state_dict().items()}
+    encoder.eval()
+    encoder(obs + 100.0, prev_actions, time_idx, pad_mask)
+    for key, value in norm.state_dict().items():
+        assert th.equal(value, frozen[key]), key
+
+
+def test_running_norm_is_a_bias_corrected_ema() -> None:
+    rate = 0.1
+    norm = RunningNorm((3,), rate=rate).train()
+    batches = [th.randn(10, 3) * s + s for s in (1.0, 4.0, 2.0)]
+    for batch in batches:
+        norm(batch, th.ones(10, dtype=th.bool))
+    first = second = th.zeros(3, dtype=th.float64)
+    for batch in batches:
+        first = (1 - rate) * first + rate * batch.double().mean(0)
+        second = (1 - rate) * second + rate * (batch.double() ** 2).mean(0)
+    debias = 1 - (1 - rate) ** len(batches)
+    mean = first / debias
+    th.testing.assert_close(norm.mean.double(), mean, rtol=1e-5, atol=1e-6)
+    th.testing.assert_close(norm.var.double(), second / debias - mean**2, rtol=1e-5, atol=1e-5)
+
+
+def test_timestep_encoder_validation_errors() -> None:
+    encoder = TimestepEncoder(DICT_SPACE, ACTION_SPACES[0], d_out=8, hidden_sizes=(16,))
+    obs, prev_actions, time_idx, pad_mask = timestep_inputs(DICT_SPACE, ACTION_SPACES[0])
+    bad_shape = dict(obs, vec=th.zeros(2, 5, 3))
+    with pytest.raises(ValueError, match=r"'vec'.*expected shape \(2, 5, 4\).*received \(2, 5, 3\)"):
+        encoder(bad_shape, prev_actions, time_idx, pad_mask)
+    bad_dtype = dict(obs, image=obs["image"].float())
+    with pytest.raises(ValueError, match=r"'image'.*expected uint8, received dtype torch.float32"):
+        encoder(bad_dtype, prev_actions, time_idx, pad_mask)
+    missing = {k: v for k, v in obs.items() if k != "cell"}
+    with pytest.raises(ValueError, match=r"'cell' is missing"):
+        encoder(missing, prev_actions, time_idx, pad_mask)
+    with pytest.raises(ValueError, match=r"prev_actions: expected shape \(2, 5, 1\).*received \(2, 5, 2\)"):
+        encoder(obs, th.zeros(2, 5, 2), time_idx, pad_mask)
+    obs_no_achieved = {k: v for k, v in obs.items() if k != "achieved"}
+    discrete_flat = dict(obs_no_achieved, cell=obs["cell"][..., 0])
+    assert encoder(discrete_flat, prev_actions, time_idx, pad_mask).isfinite().all()

@@ -146,7 +146,8 @@ def write_results(rows: list[dict[str, Any]], config: dict[str, Any], out_dir: P
         if "skipped" in row:
             lines.append(f"| {row['family']} | `{row['env_id']}` | skipped: {row['skipped']} | |")
         else:
-            lines.append(f"| {row['family']} | `{row['env_id']}` | {row['steps_per_s']:,.0f} | {row['episodes_finished']} |")
+            figures = f"{row['steps_per_s']:,.0f} | {row['episodes_finished']}"
+            lines.append(f"| {row['family']} | `{row['env_id']}` | {figures} |")
     (out_dir / "envs.md").write_text("\n".join(lines) + "\n")
 
 

@@ -298,7 +298,7 @@ def _walk_to(pos: np.ndarray, target: np.ndarray) -> int:
 def _key_door_oracle(env: gym.Env, obs: dict) -> int:
     core = env.unwrapped
     pos = obs["observation"].astype(np.int64)
-    return _walk_to(pos, core.door if core._has_key else core.key)
+    return _walk_to(pos, core.door if core.has_key else core.key)
 
 
 def test_trials_wrapper_keeps_task_flags_trials_and_ends_after_k() -> None:

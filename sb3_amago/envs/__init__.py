@@ -5,12 +5,21 @@ from it); see :mod:`sb3_amago.envs.registration` for the list. Optional dependen
 mazelib, mujoco: the ``envs`` extra) are imported only when an env that needs them is made.
 """
 
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
 from sb3_amago.envs.registration import register_envs, registered_ids
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` as an int, or a ``ValueError`` naming ``name`` and the valid range (bools rejected)."""
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        valid = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
+        raise ValueError(f"{name} must be {valid}, got {value!r}.")
+    return int(value)
 
 
 def check_action(space: spaces.Space, action: Any) -> None:
@@ -38,7 +47,7 @@ def check_action(space: spaces.Space, action: Any) -> None:
     raise ValueError(f"Action {action!r} is outside the action space {space}: valid actions are {valid}.")
 
 
-# After check_action: the POPGym module, imported while registering, uses it.
+# After the checks: the POPGym module, imported while registering, uses it.
 register_envs()
 
-__all__ = ["check_action", "register_envs", "registered_ids"]
+__all__ = ["check_action", "check_int", "register_envs", "registered_ids"]

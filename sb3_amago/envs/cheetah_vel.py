@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.wrappers import TimeLimit
 
-from sb3_amago.envs import check_action
+from sb3_amago.envs import check_action, check_int
 from sb3_amago.wrappers import TrialsWrapper
 
 try:
@@ -75,6 +75,5 @@ def make_half_cheetah_vel(n_trials: int = 2, trial_length: int = 200, **kwargs: 
 
     :param kwargs: passed to :class:`HalfCheetahVelEnv`
     """
-    if not isinstance(trial_length, int) or isinstance(trial_length, bool) or trial_length < 1:
-        raise ValueError(f"trial_length must be an integer >= 1, got {trial_length!r}.")
+    trial_length = check_int("trial_length", trial_length, 1)
     return TrialsWrapper(TimeLimit(HalfCheetahVelEnv(**kwargs), trial_length), n_trials=n_trials)

@@ -1,24 +1,17 @@
 """Dark key-to-door (after Laskin et al. 2022, "In-context RL with algorithm distillation"; AMAGO
 section 5.2): a meta-RL gridworld where the agent sees only its own position."""
 
-from numbers import Integral
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_action
+from sb3_amago.envs import check_action, check_int
 from sb3_amago.wrappers import TrialsWrapper
 
 #: Row/column change of each action: stay, up, down, left, right.
 MOVES = np.array([(0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)], dtype=np.int64)
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
-    return int(value)
 
 
 class DarkKeyToDoorEnv(gym.Env):
@@ -50,8 +43,8 @@ class DarkKeyToDoorEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, size: int = 9, trial_length: int = 50) -> None:
-        self.size = _check_int("size", size, 2)
-        self.trial_length = _check_int("trial_length", trial_length, 1)
+        self.size = check_int("size", size, 2)
+        self.trial_length = check_int("trial_length", trial_length, 1)
         self.observation_space = spaces.Box(0.0, float(self.size - 1), shape=(2,), dtype=np.float32)
         self.action_space = spaces.Discrete(len(MOVES))
         self._fixed_task: np.ndarray | None = None
@@ -60,6 +53,11 @@ class DarkKeyToDoorEnv(gym.Env):
         self._pos = np.zeros(2, dtype=np.int64)
         self._has_key = False
         self._t = 0
+
+    @property
+    def has_key(self) -> bool:
+        """Whether the agent holds the key in the current trial (hidden from the agent)."""
+        return self._has_key
 
     def sample_task(self, np_random: np.random.Generator) -> np.ndarray:
         """Draw distinct key and door cells: ``[[key_row, key_col], [door_row, door_col]]``."""
@@ -123,5 +121,5 @@ def make_dark_key_to_door(size: int = 9, trial_length: int = 50, rollout_length:
     and then reuses the key and door positions. Observations are Dict ``observation`` (position),
     ``prev_reward``, ``trial_reset`` (see :class:`TrialsWrapper`).
     """
-    rollout_length = _check_int("rollout_length", rollout_length, 1)
+    rollout_length = check_int("rollout_length", rollout_length, 1)
     return TrialsWrapper(DarkKeyToDoorEnv(size, trial_length), max_rollout_steps=rollout_length)

@@ -1,14 +1,13 @@
 """Passive T-maze (Ni et al. 2023, "When do transformers shine in RL? Decoupling memory from credit
 assignment"), the memory test AMAGO solved up to a corridor of 10,000 steps."""
 
-from numbers import Integral
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_action
+from sb3_amago.envs import check_action, check_int
 from sb3_amago.wrappers import PrevRewardWrapper
 
 MAX_CORRIDOR_LENGTH = 10_000
@@ -41,15 +40,7 @@ class TMazeEnv(gym.Env):
     RIGHT, UP, DOWN, LEFT = range(4)
 
     def __init__(self, corridor_length: int = 50) -> None:
-        if (
-            not isinstance(corridor_length, Integral)
-            or isinstance(corridor_length, bool)
-            or not 1 <= corridor_length <= MAX_CORRIDOR_LENGTH
-        ):
-            raise ValueError(
-                f"corridor_length must be an integer in [1, {MAX_CORRIDOR_LENGTH}], got {corridor_length!r}."
-            )
-        self.corridor_length = int(corridor_length)
+        self.corridor_length = check_int("corridor_length", corridor_length, 1, MAX_CORRIDOR_LENGTH)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(3,), dtype=np.float32)
         self.action_space = spaces.Discrete(4)
         self._goal_up = True

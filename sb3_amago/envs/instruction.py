@@ -25,7 +25,7 @@ the key SB3's ``EvalCallback`` logs) says whether the instruction is complete, a
 
 import abc
 from collections.abc import Sequence
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,9 @@ from gymnasium import spaces
 
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, n_goals
 from sb3_amago.wrappers import PREV_REWARD_KEY
+
+if TYPE_CHECKING:
+    from sb3_amago.envs.registration import EnvRegistration
 
 
 def check_int_range(name: str, value: int, low: int, high: int | None = None) -> int:
@@ -198,18 +201,26 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         return self._observation(achieved, reward), reward, terminated, truncated, info
 
 
-def register_instruction_envs() -> None:
-    """Register the instruction envs with gymnasium (idempotent).
+def instruction_family() -> list["EnvRegistration"]:
+    """The instruction envs' ids, as a family of :mod:`sb3_amago.envs.registration`.
 
     ``amago-MazeRunner-v0`` (15 x 15), ``amago-MazeRunner7-v0`` (7 x 7, for quick examples),
     ``amago-PackageDelivery-v0`` and ``amago-CrafterInstructions-v0`` (needs the ``envs`` extra).
     """
-    envs = {
-        "amago-MazeRunner-v0": ("sb3_amago.envs.maze_runner:MazeRunner", {"size": 15}),
-        "amago-MazeRunner7-v0": ("sb3_amago.envs.maze_runner:MazeRunner", {"size": 7}),
-        "amago-PackageDelivery-v0": ("sb3_amago.envs.package_delivery:PackageDelivery", {}),
-        "amago-CrafterInstructions-v0": ("sb3_amago.envs.crafter_instructions:CrafterInstructions", {}),
-    }
-    for env_id, (entry_point, kwargs) in envs.items():
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)
+    # Imported here so that the registration module may import this one at its top.
+    from sb3_amago.envs.registration import EnvRegistration
+
+    maze = "sb3_amago.envs.maze_runner:MazeRunner"
+    return [
+        EnvRegistration("amago-MazeRunner-v0", maze, {"size": 15}),
+        EnvRegistration("amago-MazeRunner7-v0", maze, {"size": 7}),
+        EnvRegistration("amago-PackageDelivery-v0", "sb3_amago.envs.package_delivery:PackageDelivery"),
+        EnvRegistration("amago-CrafterInstructions-v0", "sb3_amago.envs.crafter_instructions:CrafterInstructions"),
+    ]
+
+
+def register_instruction_envs() -> None:
+    """Register :func:`instruction_family` with gymnasium (ids already present are left as they are)."""
+    for reg in instruction_family():
+        if reg.id not in gym.registry:
+            gym.register(id=reg.id, entry_point=reg.entry_point, kwargs=reg.kwargs)

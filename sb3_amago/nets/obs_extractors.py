@@ -38,9 +38,7 @@ def channels_first_space(space: spaces.Box) -> spaces.Box:
     """The channel-first version of an image space (unchanged if it already is)."""
     if is_image_space_channels_first(space):
         return space
-    return spaces.Box(
-        low=np.transpose(space.low, (2, 0, 1)), high=np.transpose(space.high, (2, 0, 1)), dtype=space.dtype
-    )
+    return spaces.Box(low=np.transpose(space.low, (2, 0, 1)), high=np.transpose(space.high, (2, 0, 1)), dtype=space.dtype)
 
 
 class _ResidualBlock(nn.Module):
@@ -67,9 +65,7 @@ class ImpalaCNN(BaseFeaturesExtractor):
     :param channels: output channels of each stage
     """
 
-    def __init__(
-        self, observation_space: spaces.Box, features_dim: int = 256, channels: Sequence[int] = (16, 32, 32)
-    ) -> None:
+    def __init__(self, observation_space: spaces.Box, features_dim: int = 256, channels: Sequence[int] = (16, 32, 32)) -> None:
         super().__init__(observation_space, features_dim)
         layers: list[nn.Module] = []
         in_channels = observation_space.shape[0]

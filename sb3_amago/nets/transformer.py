@@ -113,9 +113,7 @@ class TransformerBlock(nn.Module):
         q, k, v = self._qkv(x)
         return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
-    def step(
-        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor
-    ) -> th.Tensor:
+    def step(self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor) -> th.Tensor:
         """One new position per env, attending over a cache that it first writes into.
 
         :param x: ``(N, D)`` residual stream of the new position
@@ -175,9 +173,7 @@ class TransformerTrajEncoder(TrajEncoder):
         if pos_emb == "sinusoidal" and d_model % 2 != 0:
             raise ValueError(f"The sinusoidal position embedding needs an even d_model, got {d_model}")
         if pos_emb == "learnable" and (max_time is None or max_time < 1):
-            raise ValueError(
-                f"pos_emb='learnable' needs max_time >= 1 (the longest rollout, in steps), got {max_time}"
-            )
+            raise ValueError(f"pos_emb='learnable' needs max_time >= 1 (the longest rollout, in steps), got {max_time}")
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_layers = n_layers
@@ -186,9 +182,7 @@ class TransformerTrajEncoder(TrajEncoder):
         self.input_proj = nn.Linear(d_in, d_model)
         self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" else None
         self.emb_dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers)
-        )
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers))
         self.out_norm = nn.LayerNorm(d_model)
 
     @property
@@ -232,9 +226,7 @@ class TransformerTrajEncoder(TrajEncoder):
         """
         length = x.shape[1]
         if length > self.max_seq_len:
-            raise ValueError(
-                f"Sequence length {length} exceeds max_seq_len={self.max_seq_len} of the Transformer encoder"
-            )
+            raise ValueError(f"Sequence length {length} exceeds max_seq_len={self.max_seq_len} of the Transformer encoder")
         self._check_time(time_idx, pad_mask)
         x = x.masked_fill(~pad_mask.unsqueeze(-1), 0.0)
         return self._run_blocks(self._embed(x, time_idx))

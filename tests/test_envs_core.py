@@ -272,6 +272,8 @@ def test_popgym_missing_dependencies_name_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(popgym.envs, "has_mazelib", lambda: False)
     with pytest.raises(ImportError, match=r"mazelib.*sb3-amago\[envs\]"):
         make_popgym("LabyrinthEscapeEasy")
+    monkeypatch.setitem(sys.modules, "popgym.core.maze", None)  # what importing it without mazelib gives
+    make_popgym("RepeatFirstEasy").reset(seed=0)  # the other envs still work
     monkeypatch.setitem(sys.modules, "popgym.envs", None)
     with pytest.raises(ImportError, match=r"sb3-amago\[envs\]"):
         make_popgym("RepeatFirstEasy")

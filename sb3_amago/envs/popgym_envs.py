@@ -30,11 +30,29 @@ No env reports ``terminated`` at a pure time limit, so no flag is rewritten.
 
 Return ranges (:data:`POPGYM_RETURN_RANGES`) are the least and greatest episodic return popgym's
 reward code allows, derived from popgym 1.0.7's source (per-step reward scales times the number of
-steps) and checked by rollouts. Most are ``[-1, 1]``; the exceptions are Battleship (all misses
-until the shot limit: ``-B^2 / (B^2 - 12)``), HigherLower (``N - 1`` guesses of ``+-1/N`` for an
-``N``-card deck), the Labyrinths (``L = 1024`` scale, ``L - 1`` steps) and the CartPoles (gymnasium 1.x
-pays ``+1`` on every step, the terminating one included, so popgym's ``-1`` failure reward never fires
-and returns lie in ``[0, 1]``; 0 is a bound, the fastest fall takes a few steps).
+steps) and checked by rollouts, with scripted best and worst policies where they can be written
+(tests). :func:`popgym_normalized_score` maps them to 0 and 1:
+
+==========================  ===================  ===================  ===================
+family                      Easy                 Medium               Hard
+==========================  ===================  ===================  ===================
+Battleship                  [-64/52, 1]          [-100/88, 1]         [-144/132, 1]
+HigherLower                 [-51/52, 51/52]      [-103/104, 103/104]  [-155/156, 155/156]
+LabyrinthEscape             [-1023/1024, 1023/1024] (all three)
+LabyrinthExplore            [-1023/1024, 1] (all three)
+*CartPole (3 families)      [0, 1] (all)
+the other 9 families        [-1, 1] (all)
+==========================  ===================  ===================  ===================
+
+Battleship's least return is a miss on every one of the ``B^2`` shots (``-1 / (B^2 - 12)`` each);
+HigherLower has ``N - 1`` guesses of ``+-1/N`` for an ``N``-card deck; the Labyrinths pay ``-1/L``
+(``L = 1024``) per step for ``L - 1`` steps, and Escape ``+1`` at the exit, reachable on the first step
+at best. gymnasium 1.x's CartPole pays ``+1`` on every step, the terminating one included, so popgym's
+``-1`` failure reward never fires: returns are ``steps / limit`` in ``[0, 1]`` (0 is a bound; the
+fastest fall takes a few steps).
+
+Solved: a normalised score near 1 (AMAGO reports a mean of 0.95 over the 39 envs of the POPGym paper).
+Each env's spaces, episode and rewards are documented in popgym's classes (``popgym.envs``).
 """
 
 import copy
@@ -163,21 +181,29 @@ class POPGymAdapter(gym.Wrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        from popgym.core.maze import MazeEnv
-
-        self._is_maze = isinstance(env.unwrapped, MazeEnv)
+        try:
+            from popgym.core.maze import MazeEnv
+        except ImportError:  # no mazelib, hence no maze envs
+            self._is_maze = False
+        else:
+            self._is_maze = isinstance(env.unwrapped, MazeEnv)
         self._maze_rng: np.random.Generator | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         """Reset the popgym env; mazes are drawn from this adapter's generator."""
-        if not self._is_maze:
+        if self._is_maze:
+            obs, info = self._reset_maze(seed, options)
+        else:
             obs, info = self.env.reset(seed=seed, options=options)
-            return obs, copy.deepcopy(info)
+        return obs, copy.deepcopy(info)
+
+    def _reset_maze(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         if seed is not None or self._maze_rng is None:
             self._maze_rng = np.random.default_rng(seed)
         maze_seed = int(self._maze_rng.integers(2**31))
         py_state, np_state = random.getstate(), np.random.get_state()
         try:
+            # popgym reseeds both global generators itself when given a seed: pass the maze seed then
             random.seed(maze_seed)
             np.random.seed(maze_seed)
             return self.env.reset(seed=None if seed is None else maze_seed, options=options)

@@ -189,19 +189,18 @@ class TransformerTrajEncoder(TrajEncoder):
     def out_dim(self) -> int:
         return self.d_model
 
-    def _check_time(self, time_idx: th.Tensor, real: th.Tensor) -> None:
-        """Raise if a real step's time index falls outside the learnable position table."""
+    def _check_time(self, time_idx: th.Tensor, real: th.Tensor | None = None) -> None:
+        """Raise if a (real, where ``real`` is given) time index falls outside the learnable table."""
         if self.pos_table is None:
             return
-        real_idx = time_idx[real]
-        if real_idx.numel() == 0:
+        checked = time_idx if real is None else time_idx[real]
+        if checked.numel() == 0:
             return
-        low, high = (int(v) for v in th.stack([real_idx.min(), real_idx.max()]).tolist())
-        bad = high if high >= self.max_time else low
+        low, high = (int(v) for v in th.stack([checked.min(), checked.max()]).tolist())
         if low < 0 or high >= self.max_time:
             raise ValueError(
-                f"Time index {bad} is outside the learnable position table of size max_time={self.max_time} "
-                f"(valid indices 0..{self.max_time - 1}); build the encoder with a larger max_time"
+                f"Time index {low if low < 0 else high} is outside the learnable position table of size "
+                f"max_time={self.max_time} (valid indices 0..{self.max_time - 1}); build the encoder with a larger max_time"
             )
 
     def _embed(self, x: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
@@ -249,7 +248,7 @@ class TransformerTrajEncoder(TrajEncoder):
         :return: ``(N, d_model)`` and ``state`` (updated in place)
         """
         n_envs, window = x.shape[0], self.max_seq_len
-        self._check_time(time_idx, th.ones_like(time_idx, dtype=th.bool))
+        self._check_time(time_idx)
         envs = th.arange(n_envs, device=x.device)
         emb = self._embed(x, time_idx)  # (N, d_model)
         slot = state.count % window  # (N,)

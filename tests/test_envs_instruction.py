@@ -214,20 +214,25 @@ def test_crafter_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(
     ("factory", "match"),
     [
-        (lambda: MazeRunner(size=2), r"size must be in \[3, 30\]"),
-        (lambda: MazeRunner(size=31), r"size must be in \[3, 30\]"),
-        (lambda: MazeRunner(size=3, max_goals=9), r"max_goals must be in \[1, 8\]"),
-        (lambda: MazeRunner(min_goals=0), r"min_goals must be in \[1, 3\]"),
-        (lambda: MazeRunner(min_goals=3, max_goals=2), r"min_goals must be in \[1, 2\]"),
-        (lambda: MazeRunner(horizon=0), r"horizon must be in >= 1"),
+        (lambda: MazeRunner(size=2), r"size must be an integer in \[3, 30\]"),
+        (lambda: MazeRunner(size=31), r"size must be an integer in \[3, 30\]"),
+        (lambda: MazeRunner(size=3, max_goals=9), r"max_goals must be an integer in \[1, 8\]"),
+        (lambda: MazeRunner(min_goals=0), r"min_goals must be an integer in \[1, 3\]"),
+        (lambda: MazeRunner(min_goals=3, max_goals=2), r"min_goals must be an integer in \[1, 2\]"),
+        (lambda: MazeRunner(horizon=0), r"horizon must be an integer >= 1"),
         (lambda: MazeRunner(success_reward=0.0), r"success_reward"),
         (lambda: MazeRunner(render_mode="human"), r"render_mode"),
-        (lambda: PackageDelivery(road_length=2), r"road_length must be in >= 3"),
-        (lambda: PackageDelivery(n_forks=9), r"n_forks must be in \[0, 8\]"),
-        (lambda: PackageDelivery(min_packages=0), r"min_goals must be in \[1, 4\]"),
-        pytest.param(lambda: CrafterInstructions(max_goals=0), r"max_goals must be in \[1, ", marks=needs_crafter),
+        (lambda: PackageDelivery(road_length=2), r"road_length must be an integer >= 3"),
+        (lambda: PackageDelivery(n_forks=9), r"n_forks must be an integer in \[0, 8\]"),
+        (lambda: PackageDelivery(min_packages=0), r"min_packages must be an integer in \[1, 4\]"),
+        (lambda: PackageDelivery(max_packages=30), r"max_packages must be an integer in \[1, 29\]"),
         pytest.param(
-            lambda: CrafterInstructions(region_grid=0), r"region_grid must be in \[1, 64\]", marks=needs_crafter
+            lambda: CrafterInstructions(max_goals=0), r"max_goals must be an integer in \[1, ", marks=needs_crafter
+        ),
+        pytest.param(
+            lambda: CrafterInstructions(region_grid=0),
+            r"region_grid must be an integer in \[1, 64\]",
+            marks=needs_crafter,
         ),
     ],
 )

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs.instruction import InstructionEnv, check_int_range
+from sb3_amago.envs import check_int
+from sb3_amago.envs.instruction import InstructionEnv
 
 IMAGE_KEY = "image"
 
@@ -80,14 +81,14 @@ class CrafterInstructions(InstructionEnv):
         render_mode: str | None = None,
     ) -> None:
         self._crafter_module = import_crafter()
-        self.area = check_int_range("area", area, 16)
-        self.region_grid = check_int_range("region_grid", region_grid, 1, self.area)
-        self.image_size = check_int_range("image_size", image_size, 9)
+        self.area = check_int("area", area, 16)
+        self.region_grid = check_int("region_grid", region_grid, 1, self.area)
+        self.image_size = check_int("image_size", image_size, 9)
         self.achievements: tuple[str, ...] = tuple(self._crafter_module.constants.achievements)
         regions = [f"travel_{i}_{j}" for i in range(self.region_grid) for j in range(self.region_grid)]
         #: ``goal_names[token]``, ``""`` for the empty token 0.
         self.goal_names: tuple[str, ...] = ("", *self.achievements, *regions)
-        check_int_range("max_goals", max_goals, 1, len(self.goal_names) - 2)
+        check_int("max_goals", max_goals, 1, len(self.goal_names) - 2)
         super().__init__(
             task_spaces={IMAGE_KEY: spaces.Box(0, 255, shape=(self.image_size, self.image_size, 3), dtype=np.uint8)},
             n_actions=len(self._crafter_module.constants.actions),

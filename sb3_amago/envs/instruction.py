@@ -31,21 +31,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from sb3_amago.envs import check_action, check_int
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, n_goals
 from sb3_amago.wrappers import PREV_REWARD_KEY
 
 if TYPE_CHECKING:
     from sb3_amago.envs.registration import EnvRegistration
-
-
-def check_int_range(name: str, value: int, low: int, high: int | None = None) -> int:
-    """Return ``value`` as an int, or raise a ValueError naming the valid range ``[low, high]``."""
-    valid = f"[{low}, {high}]" if high is not None else f">= {low}"
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer {valid}, got {value!r}")
-    if value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be in {valid}, got {value}")
-    return int(value)
 
 
 class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
@@ -80,9 +71,9 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         success_reward: float = 1.0,
         render_mode: str | None = None,
     ) -> None:
-        self.max_goals = check_int_range("max_goals", max_goals, 1, n_tokens - 1)
-        self.min_goals = check_int_range("min_goals", min_goals, 1, self.max_goals)
-        self.horizon = check_int_range("horizon", horizon, 1)
+        self.max_goals = check_int("max_goals", max_goals, 1, n_tokens - 1)
+        self.min_goals = check_int("min_goals", min_goals, 1, self.max_goals)
+        self.horizon = check_int("horizon", horizon, 1)
         if not np.isfinite(success_reward) or success_reward <= 0:
             raise ValueError(f"success_reward must be a finite number > 0, got {success_reward!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -181,8 +172,7 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         """Apply ``action``; pay ``success_reward`` if the current goal is achieved on arrival."""
         if self._instruction is None:
             raise RuntimeError("Call reset() before step().")
-        if not self.action_space.contains(action):
-            raise ValueError(f"Invalid action {action!r}: expected an integer in [0, {self.action_space.n - 1}]")
+        check_action(self.action_space, action)
         tokens, failed = self._act(int(action))
         achieved = np.zeros(self.observation_space[ACHIEVED_KEY].shape, dtype=np.int64)
         if len(tokens) > len(achieved):

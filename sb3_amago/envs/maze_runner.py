@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs.instruction import InstructionEnv, check_int_range
+from sb3_amago.envs import check_int
+from sb3_amago.envs.instruction import InstructionEnv
 from sb3_amago.wrappers import OBS_KEY
 
 MIN_SIZE, MAX_SIZE = 3, 30
@@ -118,8 +119,8 @@ class MazeRunner(InstructionEnv):
         success_reward: float = 1.0,
         render_mode: str | None = None,
     ) -> None:
-        self.size = check_int_range("size", size, MIN_SIZE, MAX_SIZE)
-        check_int_range("max_goals", max_goals, 1, self.size**2 - 1)
+        self.size = check_int("size", size, MIN_SIZE, MAX_SIZE)
+        check_int("max_goals", max_goals, 1, self.size**2 - 1)
         super().__init__(
             task_spaces={OBS_KEY: spaces.Box(0.0, 1.0, shape=(6,), dtype=np.float32)},
             n_actions=5,
@@ -136,13 +137,13 @@ class MazeRunner(InstructionEnv):
 
     def cell_token(self, row: int, col: int) -> int:
         """The goal token of cell ``(row, col)``."""
-        check_int_range("row", row, 0, self.size - 1)
-        check_int_range("col", col, 0, self.size - 1)
+        check_int("row", row, 0, self.size - 1)
+        check_int("col", col, 0, self.size - 1)
         return row * self.size + col + 1
 
     def token_cell(self, token: int) -> tuple[int, int]:
         """The cell ``(row, col)`` of a goal token."""
-        row, col = divmod(check_int_range("token", token, 1, self.size**2) - 1, self.size)
+        row, col = divmod(check_int("token", token, 1, self.size**2) - 1, self.size)
         return row, col
 
     def _reset_task(self) -> None:

@@ -30,10 +30,12 @@ the ``j``-th fork the truck is on one of ``2**j`` branches, named by the bits of
 """
 
 from collections.abc import Sequence
+
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs.instruction import InstructionEnv, check_int_range
+from sb3_amago.envs import check_int
+from sb3_amago.envs.instruction import InstructionEnv
 from sb3_amago.wrappers import OBS_KEY
 
 #: Most forks allowed: the address vocabulary grows as ``2 ** n_forks``.
@@ -61,10 +63,11 @@ class PackageDelivery(InstructionEnv):
         horizon: int = 180,
         success_reward: float = 1.0,
     ) -> None:
-        self.road_length = check_int_range("road_length", road_length, 3)
-        self.n_forks = check_int_range("n_forks", n_forks, 0, min(MAX_FORKS, self.road_length - 2))
+        self.road_length = check_int("road_length", road_length, 3)
+        self.n_forks = check_int("n_forks", n_forks, 0, min(MAX_FORKS, self.road_length - 2))
         # Every branch has road_length - 1 addresses, so this many distinct ones always exist.
-        check_int_range("max_packages", max_packages, 1, self.road_length - 1)
+        check_int("max_packages", max_packages, 1, self.road_length - 1)
+        check_int("min_packages", min_packages, 1, max_packages)
         super().__init__(
             task_spaces={OBS_KEY: spaces.Box(0.0, 1.0, shape=(2,), dtype=np.float32)},
             n_actions=3,
@@ -82,14 +85,14 @@ class PackageDelivery(InstructionEnv):
     def address_token(self, distance: int, branch: int) -> int:
         """The token of the address at ``distance`` on ``branch`` (bits of forks at or past
         ``distance`` are ignored)."""
-        check_int_range("distance", distance, 1, self.road_length - 1)
-        check_int_range("branch", branch, 0, 2**self.n_forks - 1)
+        check_int("distance", distance, 1, self.road_length - 1)
+        check_int("branch", branch, 0, 2**self.n_forks - 1)
         forks_before = int(np.count_nonzero(self.forks < distance))
         return 1 + (distance - 1) * 2**self.n_forks + (branch & ((1 << forks_before) - 1))
 
     def token_address(self, token: int) -> tuple[int, int]:
         """``(distance, branch)`` of an address token."""
-        index = check_int_range("token", token, 1, self.n_tokens - 1) - 1
+        index = check_int("token", token, 1, self.n_tokens - 1) - 1
         distance, branch = divmod(index, 2**self.n_forks)
         return distance + 1, branch
 

@@ -1,0 +1,42 @@
+"""Quickstart: AMAGO remembers a cue across a corridor (the passive T-maze), then is evaluated
+with SB3's own evaluate_policy. Runs on CPU in a few minutes.
+
+    python examples/quickstart_tmaze.py [--corridor 20] [--steps 8000]
+"""
+
+import argparse
+
+import gymnasium as gym
+from stable_baselines3.common.evaluation import evaluate_policy
+
+import sb3_amago  # noqa: F401  (registers the amago-* env ids)
+from sb3_amago import AMAGO
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corridor", type=int, default=20, help="corridor length H")
+    parser.add_argument("--steps", type=int, default=8_000, help="env steps to train")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    env = gym.make("amago-TMaze-v0", corridor_length=args.corridor)
+    model = AMAGO(
+        "TransformerPolicy",
+        env,
+        max_seq_len=args.corridor + 2,
+        learning_starts=500,
+        train_freq=1,
+        exploration_steps=args.steps // 2,
+        policy_kwargs={"traj_encoder_kwargs": {"d_model": 64, "n_heads": 4, "d_ff": 256, "n_layers": 2}, "d_embed": 64},
+        seed=args.seed,
+        verbose=1,
+    )
+    model.learn(total_timesteps=args.steps, log_interval=20)
+
+    mean_return, std_return = evaluate_policy(model, gym.make("amago-TMaze-v0", corridor_length=args.corridor), n_eval_episodes=50)
+    print(f"T-maze H={args.corridor}: mean return {mean_return:.3f} +/- {std_return:.3f} (solved: 1.0, memoryless: ~0.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""AMAGO as an SB3 off-policy algorithm: collection with a per-env context, training on windows of
+whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / predict / save / load."""
+
+import contextlib
+import os
+import pathlib
+import warnings
+import zipfile
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.save_util import load_from_zip_file
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.utils import polyak_update
+
+from sb3_amago.buffers import TrajectoryReplayBuffer
+from sb3_amago.loss import LossConfig, amago_loss
+from sb3_amago.policies import AmagoState, TransformerPolicy
+from sb3_amago.wrappers import PREV_REWARD_KEY
+
+SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
+
+DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
+SUPPORTED_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+class AMAGO(OffPolicyAlgorithm):
+    """AMAGO: off-policy actor-critic over one long-context sequence model (Grigsby et al., 2024).
+
+    SB3's arguments keep their SB3 meaning; ``batch_size`` counts sequences (windows of
+    ``max_seq_len + 1`` steps), ``gamma`` is the main discount (the head the agent acts with) and
+    ``tau`` the EMA rate of the target actor/critic heads.
+
+    :param max_seq_len: training window and acting context length
+    :param multigammas: extra discount factors learned beside ``gamma``
+    :param n_critics: critics in the ensemble
+    :param n_target_critics: critics drawn (with replacement) whose min forms the TD target
+    :param reward_multiplier: reward scale ``k`` in the TD target (10 by default; 100 for bounded sparse tasks)
+    :param critic_weight: weight of the critic loss
+    :param pg_weight: weight of the policy-gradient term
+    :param bc_weight: weight of the filtered behaviour-cloning term
+    :param filter_kind: "binary" or "exp"
+    :param filter_beta: temperature of the "exp" filter
+    :param max_grad_norm: gradient-norm clip
+    :param warmup_steps: linear learning-rate warm-up (updates)
+    :param epsilon_start: exploration at the start (epsilon-greedy / Gaussian noise std in [-1, 1] units)
+    :param epsilon_end: exploration after ``exploration_steps`` env steps
+    :param exploration_steps: env steps over which epsilon is annealed linearly
+    :param rollout_exploration_horizon: if set, the "bi-level" schedule: epsilon also decays within
+        each rollout, linearly to 5% of its value at this time index
+    :param relabeler: a :class:`sb3_amago.relabel.Relabeler` (hindsight instruction relabeling)
+    :param mixed_precision: bf16 autocast in training
+    :param compile_model: ``torch.compile`` the training forward of the sequence model
+    """
+
+    policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
+        "TransformerPolicy": TransformerPolicy,
+        "MlpPolicy": TransformerPolicy,
+        "CnnPolicy": TransformerPolicy,
+        "MultiInputPolicy": TransformerPolicy,
+    }
+    policy: TransformerPolicy
+    replay_buffer: TrajectoryReplayBuffer
+
+    def __init__(
+        self,
+        policy: str | type[TransformerPolicy] = "TransformerPolicy",
+        env: GymEnv | str | None = None,
+        learning_rate: float | Schedule = 1e-4,
+        buffer_size: int = 1_000_000,
+        learning_starts: int = 1_000,
+        batch_size: int = 24,
+        tau: float = 0.003,
+        gamma: float = 0.999,
+        train_freq: int | tuple[int, str] = (4, "step"),
+        gradient_steps: int = 1,
+        replay_buffer_class: type[ReplayBuffer] | None = None,
+        replay_buffer_kwargs: dict[str, Any] | None = None,
+        max_seq_len: int = 64,
+        multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
+        n_critics: int = 4,
+        n_target_critics: int = 2,
+        reward_multiplier: float = 10.0,
+        critic_weight: float = 10.0,
+        pg_weight: float = 1.0,
+        bc_weight: float = 0.1,
+        filter_kind: str = "binary",
+        filter_beta: float = 1.0,
+        max_grad_norm: float = 1.0,
+        warmup_steps: int = 500,
+        epsilon_start: float = 1.0,
+        epsilon_end: float = 0.05,
+        exploration_steps: int = 1_000_000,
+        rollout_exploration_horizon: int | None = None,
+        relabeler: Any = None,
+        mixed_precision: bool = False,
+        compile_model: bool = False,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ) -> None:
+        if env is None and _init_setup_model:
+            raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
+        for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        gammas = (*multigammas, gamma)
+        if any(not 0.0 <= g < 1.0 for g in gammas):
+            raise ValueError(f"every discount factor must lie in [0, 1), got {gammas}")
+        super().__init__(
+            policy,
+            env,
+            learning_rate,
+            buffer_size,
+            learning_starts,
+            batch_size,
+            tau,
+            gamma,
+            train_freq,
+            gradient_steps,
+            action_noise=None,
+            replay_buffer_class=replay_buffer_class or TrajectoryReplayBuffer,
+            replay_buffer_kwargs=replay_buffer_kwargs,
+            policy_kwargs=policy_kwargs,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            device=device,
+            seed=seed,
+            support_multi_env=True,
+            sde_support=False,
+            supported_action_spaces=(spaces.Discrete, spaces.MultiDiscrete, spaces.Box),
+        )
+        self.max_seq_len = int(max_seq_len)
+        self.multigammas = tuple(float(g) for g in multigammas)
+        self.n_critics = int(n_critics)
+        self.loss_config = LossConfig(
+            reward_multiplier=reward_multiplier,
+            critic_weight=critic_weight,
+            pg_weight=pg_weight,
+            bc_weight=bc_weight,
+            n_target_critics=n_target_critics,
+            filter_kind=filter_kind,
+            filter_beta=filter_beta,
+        )
+        self.max_grad_norm = max_grad_norm
+        self.warmup_steps = warmup_steps
+        self.epsilon_start = epsilon_start
+        self.epsilon_end = epsilon_end
+        self.exploration_steps = exploration_steps
+        self.rollout_exploration_horizon = rollout_exploration_horizon
+        self.relabeler = relabeler
+        self.mixed_precision = mixed_precision
+        self.compile_model = compile_model
+        self._collect_state: AmagoState | None = None
+        self._explore_scale: np.ndarray | None = None
+        if _init_setup_model:
+            self._setup_model()
+
+    @property
+    def gammas(self) -> tuple[float, ...]:
+        """All discount factors, the main one last."""
+        return (*self.multigammas, float(self.gamma))
+
+    def _policy_observation_space(self) -> spaces.Space:
+        """The env's observation space without the keys the relabeler hides from the policy."""
+        hidden = tuple(getattr(self.relabeler, "hidden_keys", ()))
+        if not hidden:
+            return self.observation_space
+        assert isinstance(self.observation_space, spaces.Dict)
+        return spaces.Dict({k: v for k, v in self.observation_space.spaces.items() if k not in hidden})
+
+    def _setup_model(self) -> None:
+        check_observation_space(self.observation_space)
+        self._setup_lr_schedule()
+        self.set_random_seed(self.seed)
+        if self.relabeler is not None:
+            self.relabeler.check(self.observation_space)
+        buffer_kwargs = {"max_seq_len": self.max_seq_len, **self.replay_buffer_kwargs}
+        if self.relabeler is not None:
+            buffer_kwargs["relabeler"] = self.relabeler
+        assert self.replay_buffer_class is not None
+        self.replay_buffer = self.replay_buffer_class(  # type: ignore[assignment]
+            self.buffer_size,
+            self.observation_space,
+            self.action_space,
+            device=self.device,
+            n_envs=self.n_envs,
+            optimize_memory_usage=self.optimize_memory_usage,
+            **buffer_kwargs,
+        )
+        self.policy = self.policy_class(  # type: ignore[assignment]
+            self._policy_observation_space(),
+            self.action_space,
+            self.lr_schedule,
+            gammas=self.gammas,
+            max_seq_len=self.max_seq_len,
+            n_critics=self.n_critics,
+            **self.policy_kwargs,
+        ).to(self.device)
+        self._encode = th.compile(self.policy.encode, dynamic=True) if self.compile_model else self.policy.encode
+        self._convert_train_freq()
+
+    # ----------------------------------------------------------------------------------------
+    # Collection
+    # ----------------------------------------------------------------------------------------
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        fresh_env = reset_num_timesteps or self._last_obs is None
+        total, callback = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+        if fresh_env or self._collect_state is None or self._collect_state.n_envs != self.n_envs:
+            self._collect_state = self.policy.initial_state(self.n_envs)
+            self._explore_scale = np.random.uniform(0.0, 1.0, size=self.n_envs)
+        if (
+            self.verbose >= 1
+            and reset_num_timesteps
+            and not (isinstance(self.observation_space, spaces.Dict) and PREV_REWARD_KEY in self.observation_space.spaces)
+        ):
+            warnings.warn(
+                "The observations carry no 'prev_reward' key, so the policy does not see rewards in context. "
+                "Wrap the env with sb3_amago.PrevRewardWrapper for in-context RL (meta-RL, reward-dependent memory)."
+            )
+        return total, callback
+
+    def epsilon(self) -> float:
+        """Exploration level of the global schedule at the current env step."""
+        progress = min(1.0, self.num_timesteps / max(1, self.exploration_steps))
+        return self.epsilon_start + progress * (self.epsilon_end - self.epsilon_start)
+
+    def _explore(self, action: th.Tensor, state: AmagoState) -> th.Tensor:
+        """Epsilon-greedy (Discrete / MultiDiscrete, per sub-action) or Gaussian noise (Box) on
+        buffer-representation actions ``(N, d)``; epsilon per env = schedule x U(0, 1) multiplier."""
+        assert self._explore_scale is not None
+        eps = self.epsilon() * th.as_tensor(self._explore_scale, dtype=action.dtype, device=action.device)  # (N,)
+        if self.rollout_exploration_horizon:
+            t = state.time_idx.to(action.dtype) / self.rollout_exploration_horizon
+            eps = eps * (1.0 - 0.95 * t.clamp(max=1.0))
+        eps = eps.unsqueeze(-1)
+        if isinstance(self.action_space, spaces.Box):
+            return (action + eps * th.randn_like(action)).clamp(-1.0, 1.0)
+        nvec = [int(self.action_space.n)] if isinstance(self.action_space, spaces.Discrete) else list(self.action_space.nvec)
+        high = th.as_tensor(nvec, dtype=action.dtype, device=action.device)
+        random_action = th.floor(th.rand_like(action) * high)
+        return th.where(th.rand_like(action) < eps, random_action, action)
+
+    def _sample_action(
+        self, learning_starts: int, action_noise: Any = None, n_envs: int = 1
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Step every env's context with the new observation, then act: uniformly at random before
+        ``learning_starts``, else from the main-gamma policy with exploration."""
+        assert self._collect_state is not None and self._last_obs is not None
+        policy = self.policy
+        obs = policy.obs_to_buffer_layout(policy.obs_to_tensor(policy.prepare_observation(self._last_obs))[0])
+        with th.no_grad():
+            actor_out, state = policy.observe(obs, self._collect_state)
+            if self.num_timesteps < learning_starts:
+                env_action = np.array([self.action_space.sample() for _ in range(n_envs)])
+                buffer_action = self._to_buffer_action(env_action)
+            else:
+                buffer_action = self._explore(policy.select_action(actor_out, deterministic=False), state)
+            self._collect_state = policy.commit_action(state, buffer_action)
+        return policy.to_env_action(buffer_action), buffer_action.cpu().numpy()
+
+    def _to_buffer_action(self, env_action: np.ndarray) -> th.Tensor:
+        """Env-format actions -> the buffer representation ``(N, d)`` float tensor."""
+        if isinstance(self.action_space, spaces.Box):
+            action = self.policy.scale_action(env_action)
+        else:
+            action = env_action
+        return th.as_tensor(np.asarray(action, dtype=np.float32).reshape(len(env_action), -1), device=self.device)
+
+    def _store_transition(
+        self,
+        replay_buffer: ReplayBuffer,
+        buffer_action: np.ndarray,
+        new_obs: np.ndarray | dict[str, np.ndarray],
+        reward: np.ndarray,
+        dones: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        if not np.all(np.isfinite(reward)):
+            raise ValueError(
+                f"The env returned a NaN or infinite reward ({reward}). Fix the env's reward, or wrap it with "
+                "stable_baselines3.common.vec_env.VecCheckNan to find the step."
+            )
+        super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
+        if np.any(dones):
+            assert self._collect_state is not None and self._explore_scale is not None
+            self._collect_state = self.policy.reset_state(self._collect_state, dones)
+            self._explore_scale[dones] = np.random.uniform(0.0, 1.0, size=int(np.sum(dones)))
+
+    # ----------------------------------------------------------------------------------------
+    # Training
+    # ----------------------------------------------------------------------------------------
+    def train(self, gradient_steps: int, batch_size: int = 24) -> None:
+        self.policy.set_training_mode(True)
+        optimizer = self.policy.optimizer
+        self._update_learning_rate(optimizer)
+        params = self.policy.online_parameters()
+        autocast = (
+            th.autocast(device_type=self.device.type, dtype=th.bfloat16) if self.mixed_precision else contextlib.nullcontext()
+        )
+        sums: dict[str, th.Tensor] = {}
+        for _ in range(gradient_steps):
+            warmup = min(1.0, (self._n_updates + 1) / max(1, self.warmup_steps))
+            for group in optimizer.param_groups:
+                group["lr"] = self.lr_schedule(self._current_progress_remaining) * warmup
+            batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
+            with autocast:
+                loss, stats = amago_loss(self.policy, batch, self.loss_config, encode=self._encode)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            optimizer.step()
+            polyak_update(self.policy.actor.parameters(), self.policy.actor_target.parameters(), self.tau)
+            polyak_update(self.policy.critics.parameters(), self.policy.critics_target.parameters(), self.tau)
+            self._n_updates += 1
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().float()
+        self._log_train_stats({k: v / gradient_steps for k, v in sums.items()}, optimizer.param_groups[0]["lr"])
+
+    def _log_train_stats(self, stats: dict[str, th.Tensor], lr: float) -> None:
+        record = self.logger.record
+        record("train/n_updates", self._n_updates, exclude="tensorboard")
+        record("train/learning_rate", lr)
+        for key in ("critic_loss", "actor_loss", "bc_loss", "filter_pass_rate", "entropy", "grad_norm"):
+            record(f"train/{key}", stats[key].item())
+        popart = self.policy.popart
+        for i, g in enumerate(self.gammas):
+            record(f"train/q_mean_gamma_{g:g}", stats["q_mean"][i].item())
+            record(f"train/popart_mu_gamma_{g:g}", popart.mu[i].item())
+            record(f"train/popart_sigma_gamma_{g:g}", popart.sigma[i].item())
+        record("replay/bytes", self.replay_buffer.nbytes())
+        record("rollout/exploration_epsilon", self.epsilon())
+
+    # ----------------------------------------------------------------------------------------
+    # Save / load
+    # ----------------------------------------------------------------------------------------
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode"]
+
+    def save(self, path: str | pathlib.Path | Any, exclude: Any = None, include: Any = None) -> None:
+        """SB3's save, written to a temporary file first and moved into place, so an error while
+        saving never leaves a half-written file over an earlier save."""
+        if not isinstance(path, (str, pathlib.Path)):
+            super().save(path, exclude, include)
+            return
+        target = pathlib.Path(path)
+        if target.suffix == "":
+            target = target.with_suffix(".zip")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}.zip")
+        try:
+            super().save(tmp, exclude, include)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls: type[SelfAMAGO], path: str | pathlib.Path | Any, env: GymEnv | None = None, device: th.device | str = "auto", **kwargs: Any) -> SelfAMAGO:
+        """SB3's load, with clear errors for files that are not AMAGO models."""
+        try:
+            data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=kwargs.get("custom_objects"))
+        except (zipfile.BadZipFile, EOFError, KeyError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"{path} is not a readable SB3 model file ({exc}); it may be corrupted or truncated.") from exc
+        if data is None or "policy_class" not in data:
+            raise ValueError(f"{path} holds no model data: was it saved with AMAGO.save()?")
+        policy_class = data["policy_class"]
+        if not (isinstance(policy_class, type) and issubclass(policy_class, TransformerPolicy)):
+            name = getattr(policy_class, "__qualname__", policy_class)
+            raise ValueError(
+                f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
+            )
+        return super().load(path, env=env, device=device, **kwargs)
+
+
+def check_observation_space(space: spaces.Space) -> None:
+    """Raise a clear error for observation spaces AMAGO cannot embed."""
+    parts = space.spaces.items() if isinstance(space, spaces.Dict) else [("observation", space)]
+    for key, sub in parts:
+        if not isinstance(sub, SUPPORTED_OBS_SPACES):
+            raise ValueError(
+                f"Observation '{key}' has space {sub}, which AMAGO cannot embed. Supported: Box, Discrete, "
+                "MultiDiscrete, MultiBinary, and a Dict of these (sb3_amago.PrevRewardWrapper turns a Tuple into a Dict)."
+            )
+

@@ -1,0 +1,152 @@
+"""AMAGO's single training loss: multi-gamma critic regression with PopArt, the policy-gradient
+term through frozen critics, and filtered behaviour cloning, over one shared sequence model.
+
+Shapes: ``B`` windows of ``L + 1`` steps; the loss lives on the first ``L`` positions and
+bootstraps from the next one. ``C`` critics, ``G`` discount factors (main gamma last).
+"""
+
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+import torch as th
+from gymnasium import spaces
+from torch.func import functional_call
+
+from sb3_amago.distributions import critic_action_input, entropy, log_prob, sample_policy_action
+from sb3_amago.nets.heads import CriticEnsemble
+from sb3_amago.policies import TransformerPolicy
+from sb3_amago.type_aliases import TrajectoryBatch
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Weights and options of the loss (paper defaults).
+
+    :param reward_multiplier: ``k``, rewards are scaled by it in the TD target
+    :param critic_weight: weight of the critic regression
+    :param pg_weight: weight of the policy-gradient ("online") term; 0 turns the TD target's
+        min over critics into a mean
+    :param bc_weight: weight of the filtered behaviour-cloning ("offline") term
+    :param n_target_critics: critics drawn with replacement per (batch, time, gamma) for the target
+    :param filter_kind: "binary" (1[A > 0]) or "exp" (exp(beta A) clipped)
+    :param filter_beta: temperature of the "exp" filter
+    :param filter_clip: upper clip of the "exp" filter
+    """
+
+    reward_multiplier: float = 10.0
+    critic_weight: float = 10.0
+    pg_weight: float = 1.0
+    bc_weight: float = 0.1
+    n_target_critics: int = 2
+    filter_kind: str = "binary"
+    filter_beta: float = 1.0
+    filter_clip: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.filter_kind not in ("binary", "exp"):
+            raise ValueError(f"filter_kind must be 'binary' or 'exp', got {self.filter_kind!r}")
+        if self.n_target_critics < 1:
+            raise ValueError(f"n_target_critics must be >= 1, got {self.n_target_critics}")
+
+
+def masked_mean(x: th.Tensor, mask: th.Tensor) -> th.Tensor:
+    """Mean of ``x`` over positions where ``mask`` ``(B, L)`` holds; trailing axes are averaged too."""
+    m = mask.to(x.dtype).view(*mask.shape, *([1] * (x.ndim - mask.ndim))).expand_as(x)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def critic_values(critics: CriticEnsemble, state: th.Tensor, action: th.Tensor, space: spaces.Space, params: dict | None = None) -> th.Tensor:
+    """Raw critic outputs ``(B, L, C, G)`` for actions in the critics' input form.
+
+    Discrete: ``action`` is an index ``(B, L, 1)`` (buffer) or a probability vector ``(B, L, G, n)``
+    (exact expectation); otherwise ``(B, L, G, A)``. ``params`` runs the critics with other weights
+    (detached copies for the policy-gradient term).
+    """
+    run = critics if params is None else (lambda *args: functional_call(critics, params, args))
+    if isinstance(space, spaces.Discrete):
+        q_all = run(state)  # (B, L, C, G, n)
+        if action.ndim == state.ndim:  # buffer index
+            idx = action.long().unsqueeze(-2).unsqueeze(-2).expand(*q_all.shape[:-1], 1)
+            return q_all.gather(-1, idx).squeeze(-1)
+        return (q_all * action.unsqueeze(-3)).sum(-1)
+    return run(state, action)
+
+
+def pick_critics(q: th.Tensor, n: int, reduce_min: bool) -> th.Tensor:
+    """``(B, L, C, G)`` -> ``(B, L, G)``: draw ``n`` critic indices with replacement independently
+    per (b, t, g) and take their min (or mean)."""
+    B, L, C, G = q.shape
+    idx = th.randint(C, (B, L, n, G), device=q.device)
+    chosen = q.gather(2, idx)  # (B, L, n, G)
+    return chosen.min(2).values if reduce_min else chosen.mean(2)
+
+
+def amago_loss(
+    policy: TransformerPolicy, batch: TrajectoryBatch, cfg: LossConfig, encode: Callable[..., th.Tensor] | None = None
+) -> tuple[th.Tensor, dict[str, Any]]:
+    """One scalar loss for the whole agent, and the statistics to log.
+
+    :param encode: the (possibly compiled) ``policy.encode``
+    """
+    space = policy.action_space
+    n_gammas = len(policy.gammas)
+    states = (encode or policy.encode)(batch.observations, batch.prev_actions, batch.time_idx, batch.mask)  # (B, L+1, D)
+    s, s_next = states[:, :-1], states[:, 1:].detach()
+    valid = batch.mask[:, 1:]  # (B, L): the step after t is real
+    a_buf = batch.actions[:, :-1]  # (B, L, d)
+    gammas = policy.gamma_values.to(states.dtype)  # (G,)
+    popart = policy.popart
+
+    # TD target from the EMA target heads on the online encoder's next states.
+    with th.no_grad():
+        next_action = sample_policy_action(policy.actor_target(s_next), space)
+        q_next = popart.denormalize(critic_values(policy.critics_target, s_next, next_action, space))  # (B, L, C, G)
+        q_next = pick_critics(q_next, cfg.n_target_critics, reduce_min=cfg.pg_weight > 0)  # (B, L, G)
+        reward = cfg.reward_multiplier * batch.rewards[:, 1:].unsqueeze(-1)  # (B, L, 1)
+        not_done = 1.0 - batch.terminated[:, 1:].unsqueeze(-1)
+        target = reward + gammas * not_done * q_next  # (B, L, G)
+    popart.update_stats(target, valid)
+
+    # Critic regression in PopArt-normalised units.
+    critic_action = a_buf if isinstance(space, spaces.Discrete) else critic_action_input(a_buf, space, n_gammas)
+    q_buf = popart.normalize(critic_values(policy.critics, s, critic_action, space))  # (B, L, C, G)
+    critic_loss = masked_mean((q_buf - popart.normalize_target(target).unsqueeze(-2)) ** 2, valid)
+
+    # Policy gradient through frozen critics on detached states: trains the actor and, through
+    # the actor's input, the encoder.
+    actor_out = policy.actor(s)
+    pi_action = sample_policy_action(actor_out, space)
+    frozen = {name: p.detach() for name, p in policy.critics.named_parameters()}
+    frozen.update(dict(policy.critics.named_buffers()))
+    q_pi = critic_values(policy.critics, s.detach(), pi_action, space, params=frozen)  # (B, L, C, G)
+    w, b = popart.w.detach(), popart.b.detach()
+    pg_loss = -masked_mean(w * q_pi.min(2).values + b, valid)
+
+    # Filtered behaviour cloning: imitate buffer actions that the critics rate above the policy's.
+    with th.no_grad():
+        advantage = q_buf.mean(2) - (w * q_pi + b).mean(2)  # (B, L, G)
+        if cfg.filter_kind == "binary":
+            weight = (advantage > 0).to(advantage.dtype)
+        else:
+            weight = (cfg.filter_beta * advantage).exp().clamp(max=cfg.filter_clip)
+    bc_loss = -masked_mean(weight * log_prob(actor_out, a_buf, space), valid)
+
+    loss = cfg.critic_weight * critic_loss + cfg.pg_weight * pg_loss + cfg.bc_weight * bc_loss
+    with th.no_grad():
+        q_denorm = (popart.sigma * q_buf + popart.mu).mean(2)  # (B, L, G), in return units
+        stats = {
+            "critic_loss": critic_loss.detach(),
+            "actor_loss": pg_loss.detach(),
+            "bc_loss": bc_loss.detach(),
+            "filter_pass_rate": masked_mean(weight, valid),
+            "entropy": masked_mean(entropy(actor_out, space)[..., -1], valid),
+            "q_mean": _per_gamma_mean(q_denorm, valid),
+        }
+    return loss, stats
+
+
+def _per_gamma_mean(x: th.Tensor, mask: th.Tensor) -> th.Tensor:
+    """``(B, L, G)`` -> ``(G,)`` masked mean per gamma."""
+    m = mask.to(x.dtype).unsqueeze(-1)
+    return (x * m).sum((0, 1)) / m.sum().clamp(min=1.0)

@@ -1,0 +1,69 @@
+"""PopArt: per-gamma value normalisation that preserves outputs while its statistics move."""
+
+import torch as th
+from torch import nn
+
+
+class PopArt(nn.Module):
+    """Running mean/std of TD targets for each of ``G`` discount factors, and the learnable affine
+    output layer ``w * q + b`` that the critics' raw outputs pass through.
+
+    The statistics follow targets with a bias-corrected exponential rate ``beta``; each update
+    rescales ``w`` and ``b`` so that the denormalised prediction ``sigma * (w q + b) + mu`` is
+    unchanged (van Hasselt et al., 2016).
+
+    :param n_gammas: number of discount factors ``G``
+    :param beta: statistics update rate
+    :param init_nu: initial second moment
+    """
+
+    def __init__(self, n_gammas: int, beta: float = 5e-4, init_nu: float = 100.0) -> None:
+        super().__init__()
+        self.beta = beta
+        self.w = nn.Parameter(th.ones(n_gammas))
+        self.b = nn.Parameter(th.zeros(n_gammas))
+        self.register_buffer("mu", th.zeros(n_gammas))
+        self.register_buffer("nu", th.full((n_gammas,), init_nu))
+        # Number of updates so far, stored as a float so every state_dict entry is floating.
+        self.register_buffer("n_updates", th.zeros(()))
+
+    @property
+    def sigma(self) -> th.Tensor:
+        """``(G,)`` standard deviation of the targets."""
+        return (self.nu - self.mu**2).clamp(min=1e-4).sqrt()
+
+    def normalize(self, raw_q: th.Tensor) -> th.Tensor:
+        """Critic output in normalised units: ``w * q + b``; ``raw_q`` has gammas on its last axis."""
+        return self.w * raw_q + self.b
+
+    def denormalize(self, raw_q: th.Tensor) -> th.Tensor:
+        """Critic output in return units: ``sigma * (w q + b) + mu``."""
+        return self.sigma * self.normalize(raw_q) + self.mu
+
+    def normalize_target(self, target: th.Tensor) -> th.Tensor:
+        """``(y - mu) / sigma`` for targets with gammas on the last axis."""
+        return (target - self.mu) / self.sigma
+
+    @th.no_grad()
+    def update_stats(self, target: th.Tensor, mask: th.Tensor) -> None:
+        """Move the statistics towards the masked targets, keeping outputs unchanged.
+
+        :param target: ``(..., G)`` TD targets
+        :param mask: ``(...)`` bool, which targets count
+        """
+        weights = mask.to(target.dtype).unsqueeze(-1)  # (..., 1)
+        count = weights.sum()
+        if count == 0:
+            return
+        dims = tuple(range(target.ndim - 1))
+        mean = (target * weights).sum(dims) / count  # (G,)
+        mean_sq = (target**2 * weights).sum(dims) / count  # (G,)
+        self.n_updates += 1
+        # Bias correction in float64: in float32, 1 - (1 - beta) loses the digits that matter.
+        rate = self.beta / (1.0 - (1.0 - self.beta) ** float(self.n_updates))
+        old_mu, old_sigma = self.mu.clone(), self.sigma
+        self.mu.mul_(1 - rate).add_(rate * mean)
+        self.nu.mul_(1 - rate).add_(rate * mean_sq)
+        new_sigma = self.sigma
+        self.w.mul_(old_sigma / new_sigma)
+        self.b.mul_(old_sigma).add_(old_mu - self.mu).div_(new_sigma)

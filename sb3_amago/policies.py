@@ -1,0 +1,314 @@
+"""TransformerPolicy: timestep encoder + one shared trajectory encoder + actor and critic heads.
+
+The policy owns every network AMAGO trains and the EMA target copies of the heads (there is no
+target copy of the sequence model). Acting carries a per-env context, :class:`AmagoState`, that
+``predict`` hands back to the caller the way sb3-contrib's RecurrentPPO hands back LSTM states.
+"""
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+
+from sb3_amago.nets import make_traj_encoder
+from sb3_amago.nets.heads import ActorHead, CriticEnsemble
+from sb3_amago.nets.popart import PopArt
+from sb3_amago.nets.timestep import TimestepEncoder
+from sb3_amago.type_aliases import TensorObs
+from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, tuple_to_dict_obs
+
+
+@dataclass
+class AmagoState:
+    """What one batch of ``N`` envs carries between ``predict`` calls.
+
+    encoder_state: the trajectory encoder's per-env state (key/value cache, hidden vector, ...)
+    prev_action: ``(N, action_dim)`` the last action taken, in the replay buffer's representation
+    time_idx: ``(N,)`` int64, the time index of the next observation within its rollout
+    """
+
+    encoder_state: Any
+    prev_action: th.Tensor
+    time_idx: th.Tensor
+
+    @property
+    def n_envs(self) -> int:
+        return self.time_idx.shape[0]
+
+
+class TransformerPolicy(BasePolicy):
+    """AMAGO's actor-critic over a shared causal sequence model.
+
+    :param observation_space: what the policy sees (for goal envs: without the achieved-goal key)
+    :param action_space: Discrete, MultiDiscrete or Box
+    :param lr_schedule: learning-rate schedule
+    :param gammas: discount factors, the main one last (the policy acts with the last head)
+    :param max_seq_len: training window length
+    :param n_critics: critics in the ensemble
+    :param traj_encoder: "transformer", "gru" or "ff"
+    :param traj_encoder_kwargs: sizes of the sequence model (e.g. ``d_model``, ``n_layers``)
+    :param d_embed: size of each timestep embedding
+    :param timestep_encoder_kwargs: e.g. ``hidden_sizes``, ``normalize_obs``, ``instruction_keys``
+    :param features_extractor_class: an SB3 features extractor for the observation part of the
+        timestep encoder (default: the package's own, which handles Box, Dict, images, tokens)
+    :param features_extractor_kwargs: its keyword arguments
+    :param actor_hidden: hidden sizes of the actor MLP
+    :param critic_hidden: hidden sizes of each critic MLP
+    :param optimizer_class: optimizer of all online parameters (one optimizer, one loss)
+    :param optimizer_kwargs: its keyword arguments (default ``weight_decay=1e-3``)
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        gammas: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999),
+        max_seq_len: int = 64,
+        n_critics: int = 4,
+        traj_encoder: str = "transformer",
+        traj_encoder_kwargs: dict[str, Any] | None = None,
+        d_embed: int = 256,
+        timestep_encoder_kwargs: dict[str, Any] | None = None,
+        features_extractor_class: type | None = None,
+        features_extractor_kwargs: dict[str, Any] | None = None,
+        actor_hidden: tuple[int, ...] = (256, 256),
+        critic_hidden: tuple[int, ...] = (256, 256),
+        optimizer_class: type[th.optim.Optimizer] = th.optim.AdamW,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        normalize_images: bool = True,
+    ) -> None:
+        if optimizer_kwargs is None:
+            optimizer_kwargs = {"weight_decay": 1e-3}
+        super().__init__(
+            observation_space,
+            action_space,
+            features_extractor_class=features_extractor_class,  # type: ignore[arg-type]
+            features_extractor_kwargs=features_extractor_kwargs,
+            optimizer_class=optimizer_class,
+            optimizer_kwargs=optimizer_kwargs,
+            normalize_images=normalize_images,
+            squash_output=isinstance(action_space, spaces.Box),
+        )
+        self.gammas = tuple(float(g) for g in gammas)
+        self.max_seq_len = max_seq_len
+        self.n_critics = n_critics
+        self.traj_encoder_name = traj_encoder
+        self.traj_encoder_kwargs = dict(traj_encoder_kwargs or {})
+        self.d_embed = d_embed
+        self.timestep_encoder_kwargs = dict(timestep_encoder_kwargs or {})
+        self.actor_hidden = tuple(actor_hidden)
+        self.critic_hidden = tuple(critic_hidden)
+        self.buffer_action_dim = get_action_dim(action_space)
+        self._build(lr_schedule)
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        self.timestep_encoder = TimestepEncoder(
+            self.observation_space,
+            self.action_space,
+            features_extractor_class=self.features_extractor_class,
+            features_extractor_kwargs=self.features_extractor_kwargs,
+            d_out=self.d_embed,
+            **self.timestep_encoder_kwargs,
+        )
+        self.traj_encoder = make_traj_encoder(
+            self.traj_encoder_name, self.d_embed, self.max_seq_len, **self.traj_encoder_kwargs
+        )
+        state_dim = self.traj_encoder.out_dim
+        n_gammas = len(self.gammas)
+        self.actor = ActorHead(state_dim, self.action_space, n_gammas, self.actor_hidden)
+        self.critics = CriticEnsemble(state_dim, self.action_space, th.tensor(self.gammas), self.n_critics, self.critic_hidden)
+        self.popart = PopArt(n_gammas)
+        self.register_buffer("gamma_values", th.tensor(self.gammas, dtype=th.float32))
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
+        self.optimizer = self.optimizer_class(self.online_parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+
+    def online_parameters(self) -> list[th.nn.Parameter]:
+        """Every trained parameter (all but the EMA target heads)."""
+        return [p for name, p in self.named_parameters() if not name.startswith(("actor_target.", "critics_target."))]
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            gammas=self.gammas,
+            max_seq_len=self.max_seq_len,
+            n_critics=self.n_critics,
+            traj_encoder=self.traj_encoder_name,
+            traj_encoder_kwargs=self.traj_encoder_kwargs,
+            d_embed=self.d_embed,
+            timestep_encoder_kwargs=self.timestep_encoder_kwargs,
+            features_extractor_class=self.features_extractor_class,
+            features_extractor_kwargs=self.features_extractor_kwargs,
+            actor_hidden=self.actor_hidden,
+            critic_hidden=self.critic_hidden,
+        )
+        return data
+
+    # ----------------------------------------------------------------------------------------
+    # Training-side forward
+    # ----------------------------------------------------------------------------------------
+    def encode(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """Whole windows -> states ``(B, L, D)``: one pass of the shared sequence model."""
+        emb = self.timestep_encoder(obs, prev_actions, time_idx, mask)  # (B, L, d_embed)
+        return self.traj_encoder(emb, time_idx, mask)
+
+    # ----------------------------------------------------------------------------------------
+    # Acting
+    # ----------------------------------------------------------------------------------------
+    def initial_state(self, n_envs: int) -> AmagoState:
+        """A fresh context for ``n_envs`` envs (no step seen)."""
+        return AmagoState(
+            encoder_state=self.traj_encoder.init_state(n_envs, self.device),
+            prev_action=th.zeros(n_envs, self.buffer_action_dim, device=self.device),
+            time_idx=th.zeros(n_envs, dtype=th.long, device=self.device),
+        )
+
+    def reset_state(self, state: AmagoState, done: th.Tensor | np.ndarray) -> AmagoState:
+        """Start a new rollout for the envs where ``done`` is True; the others keep their context."""
+        done = th.as_tensor(np.asarray(done, dtype=bool).reshape(-1), device=self.device)
+        if done.shape[0] != state.n_envs:
+            raise ValueError(f"episode_start has {done.shape[0]} entries but the state holds {state.n_envs} envs")
+        if not bool(done.any()):
+            return state
+        keep = (~done).unsqueeze(-1).to(state.prev_action.dtype)
+        return AmagoState(
+            encoder_state=self.traj_encoder.reset_state(state.encoder_state, done),
+            prev_action=state.prev_action * keep,
+            time_idx=th.where(done, th.zeros_like(state.time_idx), state.time_idx),
+        )
+
+    def observe(self, obs: TensorObs, state: AmagoState) -> tuple[Any, AmagoState]:
+        """Embed one new observation per env and advance the sequence model's context.
+
+        :param obs: ``(N, *obs_shape)`` tensors (buffer layout)
+        :return: the main-gamma actor output for each env and the state (its ``prev_action`` and
+            ``time_idx`` still describe this step until :meth:`commit_action`)
+        """
+        ones = th.ones(state.n_envs, 1, dtype=th.bool, device=self.device)
+        seq_obs = {k: v.unsqueeze(1) for k, v in obs.items()} if isinstance(obs, dict) else obs.unsqueeze(1)
+        emb = self.timestep_encoder(seq_obs, state.prev_action.unsqueeze(1), state.time_idx.unsqueeze(1), ones)
+        hidden, encoder_state = self.traj_encoder.step(emb[:, 0], state.time_idx, state.encoder_state)
+        out = self.actor(hidden)
+        main = tuple(o[:, -1] for o in out) if isinstance(out, tuple) else out[:, -1]
+        return main, replace(state, encoder_state=encoder_state)
+
+    def commit_action(self, state: AmagoState, action: th.Tensor) -> AmagoState:
+        """Record the action taken (buffer representation ``(N, action_dim)``) and move time on."""
+        return replace(state, prev_action=action.to(state.prev_action.dtype), time_idx=state.time_idx + 1)
+
+    def select_action(self, actor_out: Any, deterministic: bool) -> th.Tensor:
+        """Actor output for one gamma -> actions in the buffer representation ``(N, action_dim)``."""
+        if isinstance(self.action_space, spaces.Box):
+            mean, log_std = actor_out
+            if deterministic:
+                return th.tanh(mean)
+            return th.tanh(mean + log_std.exp() * th.randn_like(mean))
+        nvec = [int(self.action_space.n)] if isinstance(self.action_space, spaces.Discrete) else list(self.action_space.nvec)
+        picks = []
+        for probs in actor_out.split(nvec, dim=-1):
+            picks.append(probs.argmax(-1) if deterministic else th.multinomial(probs, 1).squeeze(-1))
+        return th.stack(picks, dim=-1).float()
+
+    def to_env_action(self, buffer_action: th.Tensor) -> np.ndarray:
+        """Buffer representation -> what ``env.step`` takes: ``(N,)`` ints, ``(N, d)`` ints, or Box values."""
+        action = buffer_action.cpu().numpy()
+        if isinstance(self.action_space, spaces.Discrete):
+            return action[:, 0].astype(np.int64)
+        if isinstance(self.action_space, spaces.MultiDiscrete):
+            return action.astype(np.int64).reshape(-1, *self.action_space.shape)
+        assert isinstance(self.action_space, spaces.Box)
+        unscaled = self.unscale_action(action.astype(np.float64))
+        return unscaled.reshape(-1, *self.action_space.shape).astype(self.action_space.dtype)
+
+    def prepare_observation(self, observation: Any) -> Any:
+        """Accept observations as the user's env emits them: tuples become dicts, extra keys (the
+        achieved goal) are dropped, missing context keys raise a clear error."""
+        if not isinstance(self.observation_space, spaces.Dict):
+            return observation
+        if isinstance(observation, (tuple, list)):
+            observation = tuple_to_dict_obs(observation)
+        if not isinstance(observation, dict):
+            raise ValueError(
+                f"This model takes Dict observations with keys {sorted(self.observation_space.spaces)}, got {type(observation).__name__}."
+            )
+        missing = [k for k in self.observation_space.spaces if k not in observation]
+        if missing:
+            hint = ""
+            if PREV_REWARD_KEY in missing or TRIAL_RESET_KEY in missing:
+                hint = (
+                    " The model was trained with context inputs in its observations: wrap the env the same way as in "
+                    "training (e.g. sb3_amago.PrevRewardWrapper for 'prev_reward', the trials wrapper for 'trial_reset')."
+                )
+            raise ValueError(f"Observation lacks the key(s) {missing} the model was trained with.{hint}")
+        return {k: observation[k] for k in self.observation_space.spaces}
+
+    def obs_to_buffer_layout(self, obs: PyTorchObs) -> TensorObs:
+        """Reshape each observation tensor to ``(N, *buffer_obs_shape)`` (e.g. Discrete -> ``(N, 1)``)."""
+        if isinstance(obs, dict):
+            assert isinstance(self.observation_space, spaces.Dict)
+            return {k: v.reshape(v.shape[0], *get_obs_shape(self.observation_space[k])) for k, v in obs.items()}
+        return obs.reshape(obs.shape[0], *get_obs_shape(self.observation_space))
+
+    def predict(  # type: ignore[override]
+        self,
+        observation: np.ndarray | dict[str, np.ndarray],
+        state: AmagoState | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, AmagoState]:
+        """Act on raw env observations, carrying each env's context in ``state``.
+
+        :param observation: one observation or a batch of ``N`` (vectorised env)
+        :param state: the state returned by the previous call; ``None`` starts fresh contexts
+        :param episode_start: ``(N,)`` bool, envs whose rollout starts with this observation
+        :param deterministic: act with the mode of the main-gamma policy
+        :return: actions in the env's format, and the state to pass next time
+        """
+        self.set_training_mode(False)
+        observation = self.prepare_observation(observation)
+        obs_tensor, vectorized = self.obs_to_tensor(observation)
+        obs_tensor = self.obs_to_buffer_layout(obs_tensor)
+        check_finite_obs(obs_tensor)
+        n_envs = next(iter(obs_tensor.values())).shape[0] if isinstance(obs_tensor, dict) else obs_tensor.shape[0]
+        if state is None:
+            state = self.initial_state(n_envs)
+        elif not isinstance(state, AmagoState) or state.n_envs != n_envs:
+            raise ValueError(
+                "state must be None or the AmagoState returned by the previous predict call for the same number of envs "
+                f"({n_envs} observations given)."
+            )
+        if episode_start is not None:
+            state = self.reset_state(state, episode_start)
+        with th.no_grad():
+            actor_out, state = self.observe(obs_tensor, state)
+            action = self.select_action(actor_out, deterministic)
+            state = self.commit_action(state, action)
+        env_action = self.to_env_action(action)
+        if not vectorized:
+            env_action = env_action[0]
+        return env_action, state
+
+    def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
+        """Action for a first observation with no context (SB3's stateless interface)."""
+        obs = self.obs_to_buffer_layout(observation)
+        n_envs = next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
+        actor_out, _ = self.observe(obs, self.initial_state(n_envs))
+        return self.select_action(actor_out, deterministic)
+
+
+def check_finite_obs(obs: TensorObs) -> None:
+    """Raise on NaN or infinite observation entries, naming the key."""
+    items = obs.items() if isinstance(obs, dict) else [("observation", obs)]
+    for key, value in items:
+        if value.is_floating_point() and not bool(th.isfinite(value).all()):
+            raise ValueError(
+                f"Observation '{key}' holds NaN or infinite values. Fix the env, or wrap it with "
+                "stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
+            )

@@ -25,18 +25,16 @@ the key SB3's ``EvalCallback`` logs) says whether the instruction is complete, a
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, SupportsFloat
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from sb3_amago.envs import check_action, check_int
+from sb3_amago.envs.registration import EnvRegistration
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, n_goals
 from sb3_amago.wrappers import PREV_REWARD_KEY
-
-if TYPE_CHECKING:
-    from sb3_amago.envs.registration import EnvRegistration
 
 
 class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
@@ -191,15 +189,12 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         return self._observation(achieved, reward), reward, terminated, truncated, info
 
 
-def instruction_family() -> list["EnvRegistration"]:
+def instruction_family() -> list[EnvRegistration]:
     """The instruction envs' ids, as a family of :mod:`sb3_amago.envs.registration`.
 
     ``amago-MazeRunner-v0`` (15 x 15), ``amago-MazeRunner7-v0`` (7 x 7, for quick examples),
     ``amago-PackageDelivery-v0`` and ``amago-CrafterInstructions-v0`` (needs the ``envs`` extra).
     """
-    # Imported here so that the registration module may import this one at its top.
-    from sb3_amago.envs.registration import EnvRegistration
-
     maze = "sb3_amago.envs.maze_runner:MazeRunner"
     return [
         EnvRegistration("amago-MazeRunner-v0", maze, {"size": 15}),

@@ -117,8 +117,10 @@ class TransformerPolicy(BasePolicy):
             d_out=self.d_embed,
             **self.timestep_encoder_kwargs,
         )
+        # Training windows hold max_seq_len + 1 steps (the last one only bootstraps), and acting
+        # keeps the same context length so that both see the same windows.
         self.traj_encoder = make_traj_encoder(
-            self.traj_encoder_name, self.d_embed, self.max_seq_len, **self.traj_encoder_kwargs
+            self.traj_encoder_name, self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs
         )
         state_dim = self.traj_encoder.out_dim
         n_gammas = len(self.gammas)

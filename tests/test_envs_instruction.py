@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from sb3_amago.envs.crafter_instructions import CrafterInstructions, import_crafter
-from sb3_amago.envs.instruction import InstructionEnv, register_instruction_envs
+from sb3_amago.envs.instruction import InstructionEnv
 from sb3_amago.envs.maze_runner import STAY, MazeRunner, generate_maze, shortest_path
 from sb3_amago.envs.package_delivery import PackageDelivery
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, instruction_rewards
@@ -258,8 +258,7 @@ def test_bad_actions_and_instructions(name: str) -> None:
 
 
 def test_registered_ids() -> None:
-    register_instruction_envs()
-    register_instruction_envs()  # idempotent
+    # Registered by `import sb3_amago`.
     assert gym.make("amago-MazeRunner-v0").unwrapped.size == 15
     assert gym.make("amago-MazeRunner7-v0").unwrapped.size == 7
     delivery = gym.make("amago-PackageDelivery-v0").unwrapped

@@ -203,9 +203,3 @@ def instruction_family() -> list[EnvRegistration]:
         EnvRegistration("amago-CrafterInstructions-v0", "sb3_amago.envs.crafter_instructions:CrafterInstructions"),
     ]
 
-
-def register_instruction_envs() -> None:
-    """Register :func:`instruction_family` with gymnasium (ids already present are left as they are)."""
-    for reg in instruction_family():
-        if reg.id not in gym.registry:
-            gym.register(id=reg.id, entry_point=reg.entry_point, kwargs=reg.kwargs)

@@ -57,8 +57,15 @@ def meta_rl_family() -> list[EnvRegistration]:
     ]
 
 
+def instruction_family() -> list[EnvRegistration]:
+    """The instruction-following envs: MazeRunner, Package Delivery, Crafter instructions."""
+    from sb3_amago.envs.instruction import instruction_family as family
+
+    return family()
+
+
 #: The family functions :func:`register_envs` registers; append yours here.
-ENV_FAMILIES: list[Callable[[], list[EnvRegistration]]] = [tmaze_family, popgym_family, meta_rl_family]
+ENV_FAMILIES: list[Callable[[], list[EnvRegistration]]] = [tmaze_family, popgym_family, meta_rl_family, instruction_family]
 
 
 def registered_ids() -> list[str]:

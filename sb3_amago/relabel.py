@@ -244,8 +244,7 @@ class HindsightInstructionRelabeler(HindsightRelabeler):
         previous = np.full(len(steps), -1, dtype=np.int64)
         same_goal = goals[1:] == goals[:-1]
         previous[1:][same_goal] = steps[:-1][same_goal]
-        before = np.searchsorted(real_steps, steps, side="left")
-        last_success = np.where(before > 0, real_steps[np.maximum(before - 1, 0)], -1)
+        last_success = np.concatenate([[-1], real_steps])[np.searchsorted(real_steps, steps, side="left")]
         keep = (previous <= last_success) & ~np.isin(steps, real_steps)
         return steps[keep], goals[keep]
 

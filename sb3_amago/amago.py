@@ -114,6 +114,8 @@ class AMAGO(OffPolicyAlgorithm):
         for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if hasattr(env, "observation_space"):
+            check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
         gammas = (*multigammas, gamma)
         if any(not 0.0 <= g < 1.0 for g in gammas):
             raise ValueError(f"every discount factor must lie in [0, 1), got {gammas}")

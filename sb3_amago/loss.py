@@ -82,6 +82,27 @@ def pick_critics(q: th.Tensor, n: int, reduce_min: bool) -> th.Tensor:
     return chosen.min(2).values if reduce_min else chosen.mean(2)
 
 
+def td_target(q_next: th.Tensor, reward: th.Tensor, terminated: th.Tensor, gammas: th.Tensor, cfg: LossConfig) -> th.Tensor:
+    """``y = k r + gamma (1 - d) q`` per (b, t, g), with ``q`` the min (mean when the policy-gradient
+    weight is 0) of ``cfg.n_target_critics`` critics drawn with replacement.
+
+    :param q_next: ``(B, L, C, G)`` denormalised target-critic values at ``s_{t+1}``
+    :param reward: ``(B, L)`` reward received on arriving at ``s_{t+1}``
+    :param terminated: ``(B, L)`` 1 where ``s_{t+1}`` is terminal
+    :param gammas: ``(G,)``
+    :return: ``(B, L, G)``
+    """
+    q = pick_critics(q_next, cfg.n_target_critics, reduce_min=cfg.pg_weight > 0)
+    return cfg.reward_multiplier * reward.unsqueeze(-1) + gammas * (1.0 - terminated.unsqueeze(-1)) * q
+
+
+def bc_filter(advantage: th.Tensor, cfg: LossConfig) -> th.Tensor:
+    """Weight of each buffer action in the behaviour-cloning term: ``1[A > 0]`` or ``min(exp(beta A), clip)``."""
+    if cfg.filter_kind == "binary":
+        return (advantage > 0).to(advantage.dtype)
+    return (cfg.filter_beta * advantage).exp().clamp(max=cfg.filter_clip)
+
+
 def amago_loss(
     policy: TransformerPolicy, batch: TrajectoryBatch, cfg: LossConfig, encode: Callable[..., th.Tensor] | None = None
 ) -> tuple[th.Tensor, dict[str, Any]]:
@@ -102,10 +123,7 @@ def amago_loss(
     with th.no_grad():
         next_action = sample_policy_action(policy.actor_target(s_next), space)
         q_next = popart.denormalize(critic_values(policy.critics_target, s_next, next_action, space))  # (B, L, C, G)
-        q_next = pick_critics(q_next, cfg.n_target_critics, reduce_min=cfg.pg_weight > 0)  # (B, L, G)
-        reward = cfg.reward_multiplier * batch.rewards[:, 1:].unsqueeze(-1)  # (B, L, 1)
-        not_done = 1.0 - batch.terminated[:, 1:].unsqueeze(-1)
-        target = reward + gammas * not_done * q_next  # (B, L, G)
+        target = td_target(q_next, batch.rewards[:, 1:], batch.terminated[:, 1:], gammas, cfg)  # (B, L, G)
     popart.update_stats(target, valid)
 
     # Critic regression in PopArt-normalised units.
@@ -125,11 +143,7 @@ def amago_loss(
 
     # Filtered behaviour cloning: imitate buffer actions that the critics rate above the policy's.
     with th.no_grad():
-        advantage = q_buf.mean(2) - (w * q_pi + b).mean(2)  # (B, L, G)
-        if cfg.filter_kind == "binary":
-            weight = (advantage > 0).to(advantage.dtype)
-        else:
-            weight = (cfg.filter_beta * advantage).exp().clamp(max=cfg.filter_clip)
+        weight = bc_filter(q_buf.mean(2) - (w * q_pi + b).mean(2), cfg)  # (B, L, G)
     bc_loss = -masked_mean(weight * log_prob(actor_out, a_buf, space), valid)
 
     loss = cfg.critic_weight * critic_loss + cfg.pg_weight * pg_loss + cfg.bc_weight * bc_loss

@@ -1,0 +1,339 @@
+"""Behaviour of the AMAGO algorithm: loss terms against hand computations, where gradients go,
+what collection feeds the policy, acting with state, save/load, and clear errors on bad input."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3 import SAC
+from stable_baselines3.common.env_util import make_vec_env
+
+from sb3_amago import AMAGO, PrevRewardWrapper
+from sb3_amago.loss import LossConfig, amago_loss, bc_filter, critic_values, td_target
+
+TINY = {
+    "traj_encoder_kwargs": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
+    "d_embed": 16,
+    "actor_hidden": (16,),
+    "critic_hidden": (16,),
+    "timestep_encoder_kwargs": {"hidden_sizes": (16,)},
+}
+
+
+class CountingEnv(gym.Env):
+    """Observation = [step number]; reward on arriving at step t+1 = 10 * t + action; ends after
+    ``length`` steps (with ``random_length``, a length drawn from 2..length at each reset)."""
+
+    def __init__(self, length: int = 6, n_actions: int = 3, random_length: bool = False) -> None:
+        self.max_length = self.length = length
+        self.random_length = random_length
+        self.observation_space = spaces.Box(0, 1000, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Discrete(n_actions)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        if self.random_length:
+            self.length = int(self.np_random.integers(2, self.max_length + 1))
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action):
+        reward = 10.0 * self.t + int(action)
+        self.t += 1
+        return np.array([float(self.t)], dtype=np.float32), reward, self.t >= self.length, False, {}
+
+
+def tiny_model(env, **kwargs) -> AMAGO:
+    params = {"max_seq_len": 8, "learning_starts": 0, "batch_size": 4, "seed": 0, "policy_kwargs": TINY}
+    params.update(kwargs)
+    return AMAGO("TransformerPolicy", env, **params)
+
+
+def filled_model(env_id_or_env, steps: int = 64, **kwargs) -> AMAGO:
+    model = tiny_model(env_id_or_env, learning_starts=steps + 1, **kwargs)
+    model.learn(steps)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Loss terms by hand
+# --------------------------------------------------------------------------------------------
+def test_td_target_uses_a_random_critic_pair_per_position() -> None:
+    B, L, C, G = 2, 3, 4, 2
+    q_next = th.randn(B, L, C, G)
+    reward = th.tensor([[1.0, 0.0, 2.0], [0.5, -1.0, 0.0]])
+    terminated = th.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    gammas = th.tensor([0.9, 0.99])
+    cfg = LossConfig(reward_multiplier=10.0)
+    th.manual_seed(7)
+    got = td_target(q_next, reward, terminated, gammas, cfg)
+    th.manual_seed(7)
+    idx = th.randint(C, (B, L, 2, G))
+    for b in range(B):
+        for t in range(L):
+            for g in range(G):
+                q = min(q_next[b, t, idx[b, t, 0, g], g], q_next[b, t, idx[b, t, 1, g], g])
+                expected = 10.0 * reward[b, t] + gammas[g] * (1 - terminated[b, t]) * q
+                assert got[b, t, g].item() == pytest.approx(expected.item(), abs=1e-5)
+    # Without the policy-gradient term the pair is averaged instead.
+    th.manual_seed(7)
+    mean_target = td_target(q_next, reward, terminated, gammas, LossConfig(pg_weight=0.0))
+    q = (q_next[0, 0, idx[0, 0, 0, 1], 1] + q_next[0, 0, idx[0, 0, 1, 1], 1]) / 2
+    assert mean_target[0, 0, 1].item() == pytest.approx((10.0 + 0.99 * q).item(), abs=1e-5)
+
+
+def test_bc_filter_binary_and_exp() -> None:
+    adv = th.tensor([-1.0, 0.0, 0.5, 10.0])
+    assert bc_filter(adv, LossConfig()).tolist() == [0.0, 0.0, 1.0, 1.0]
+    exp = bc_filter(adv, LossConfig(filter_kind="exp", filter_beta=2.0, filter_clip=5.0))
+    th.testing.assert_close(exp, th.tensor([np.exp(-2.0), 1.0, np.exp(1.0), 5.0], dtype=th.float32))
+    with pytest.raises(ValueError, match="filter_kind"):
+        LossConfig(filter_kind="advantage")
+
+
+@pytest.fixture(scope="module")
+def counting_model() -> AMAGO:
+    env = PrevRewardWrapper(CountingEnv(random_length=True))
+    return filled_model(env, steps=48)
+
+
+def _loss_only(model: AMAGO, **weights: float) -> tuple[th.Tensor, dict]:
+    cfg = LossConfig(**{"critic_weight": 0.0, "pg_weight": 0.0, "bc_weight": 0.0, **weights})
+    model.policy.set_training_mode(True)
+    model.policy.zero_grad(set_to_none=True)
+    th.manual_seed(0)
+    np.random.seed(0)
+    batch = model.replay_buffer.sample(4)
+    loss, stats = amago_loss(model.policy, batch, cfg)
+    loss.backward()
+    return loss, stats
+
+
+def _grad_norm(module: th.nn.Module) -> float:
+    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
+
+
+def test_policy_gradient_term_leaves_critics_untouched_and_reaches_encoder(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    _loss_only(counting_model, pg_weight=1.0)
+    assert _grad_norm(policy.critics) == 0.0
+    assert _grad_norm(policy.popart) == 0.0
+    assert _grad_norm(policy.actor) > 0.0
+    assert _grad_norm(policy.traj_encoder) > 0.0
+    assert _grad_norm(policy.timestep_encoder) > 0.0
+
+
+def test_critic_term_reaches_encoder_but_not_actor(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    _loss_only(counting_model, critic_weight=1.0)
+    assert _grad_norm(policy.critics) > 0.0
+    assert _grad_norm(policy.actor) == 0.0
+    assert _grad_norm(policy.traj_encoder) > 0.0
+
+
+def test_bc_term_trains_actor_and_encoder_only(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    _loss_only(counting_model, bc_weight=1.0)
+    assert _grad_norm(policy.critics) == 0.0
+    assert _grad_norm(policy.actor) >= 0.0  # zero only if the filter rejects every action
+
+
+def test_padding_positions_do_not_change_the_loss(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    policy.set_training_mode(False)  # no dropout, no running-stat updates
+    np.random.seed(3)
+    batch = counting_model.replay_buffer.sample(4)
+    assert not bool(batch.mask.all()), "the batch should contain padding (rollouts of different lengths are cut)"
+    noisy = batch._replace(
+        rewards=th.where(batch.mask, batch.rewards, th.full_like(batch.rewards, 1e6)),
+        terminated=th.where(batch.mask, batch.terminated, th.ones_like(batch.terminated)),
+    )
+    cfg = LossConfig()
+    state = {k: v.clone() for k, v in policy.popart.state_dict().items()}
+    th.manual_seed(0)
+    loss_a, _ = amago_loss(policy, batch, cfg)
+    policy.popart.load_state_dict(state)
+    th.manual_seed(0)
+    loss_b, _ = amago_loss(policy, noisy, cfg)
+    policy.popart.load_state_dict(state)
+    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6)
+
+
+def test_discrete_critic_expectation_is_exact(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    state = th.randn(2, 3, policy.traj_encoder.out_dim)
+    probs = th.softmax(th.randn(2, 3, len(policy.gammas), 3), -1)
+    q_all = policy.critics(state)  # (B, L, C, G, n)
+    expected = (q_all * probs.unsqueeze(2)).sum(-1)
+    th.testing.assert_close(critic_values(policy.critics, state, probs, policy.action_space), expected)
+
+
+# --------------------------------------------------------------------------------------------
+# Collection
+# --------------------------------------------------------------------------------------------
+def test_collection_feeds_previous_action_and_reward(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = PrevRewardWrapper(CountingEnv(length=5))
+    model = tiny_model(env, learning_starts=10_000)
+    seen: list[tuple[float, float, float, int]] = []
+    observe = model.policy.observe
+
+    def recording_observe(obs, state):
+        seen.append(
+            (float(obs["observation"][0, 0]), float(obs["prev_reward"][0, 0]), float(state.prev_action[0, 0]), int(state.time_idx[0]))
+        )
+        return observe(obs, state)
+
+    monkeypatch.setattr(model.policy, "observe", recording_observe)
+    model.learn(12)
+    assert len(seen) == 12
+    for i, (step, prev_reward, prev_action, time_idx) in enumerate(seen):
+        assert time_idx == int(step), "the time index follows the rollout and resets with it"
+        if step == 0:
+            assert prev_reward == 0.0 and prev_action == 0.0
+        else:
+            # reward on arriving at step t = 10 * (t - 1) + previous action
+            assert prev_reward == pytest.approx(10.0 * (step - 1) + prev_action), f"step {i}"
+
+
+def test_training_updates_and_logs_sb3_names() -> None:
+    model = tiny_model(PrevRewardWrapper(CountingEnv()), learning_starts=16, train_freq=4)
+    model.learn(40)
+    # One update after each 4 collected steps once past learning_starts: at steps 20, 24, ..., 40.
+    assert model._n_updates == 6
+    model.train(gradient_steps=2, batch_size=4)
+    values = model.logger.name_to_value
+    for key in ("critic_loss", "actor_loss", "bc_loss", "filter_pass_rate", "entropy", "grad_norm", "learning_rate"):
+        assert np.isfinite(values[f"train/{key}"]), key
+    assert values["train/n_updates"] == 8
+    for gamma in model.gammas:
+        assert f"train/q_mean_gamma_{gamma:g}" in values and f"train/popart_sigma_gamma_{gamma:g}" in values
+    assert values["replay/bytes"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Acting, save / load
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_predict_single_batched_and_stateful(env_id: str) -> None:
+    env = gym.make(env_id)
+    model = tiny_model(env)
+    obs, _ = env.reset(seed=0)
+    action, state = model.predict(obs, deterministic=True)
+    assert env.action_space.contains(action)
+    batch = np.stack([obs, obs, obs])
+    actions, state3 = model.predict(batch, deterministic=True)
+    assert len(actions) == 3 and state3.n_envs == 3
+    if isinstance(env.action_space, spaces.Box):
+        assert actions.dtype == env.action_space.dtype
+    # The context matters: the same observation after a history differs from a fresh start only
+    # through the state; a reset through episode_start restores the fresh action exactly.
+    _, state = model.predict(obs, state=state, deterministic=True)
+    fresh, _ = model.predict(obs, state=state, episode_start=np.array([True]), deterministic=True)
+    np.testing.assert_array_equal(fresh, action)
+
+
+def test_save_load_round_trip_with_context(tmp_path) -> None:
+    env = make_vec_env(lambda: PrevRewardWrapper(CountingEnv()), n_envs=2, seed=0)
+    model = tiny_model(env, learning_starts=16, train_freq=4)
+    model.learn(48)
+
+    def rollout(m: AMAGO) -> list[np.ndarray]:
+        obs, state, acts = env.reset(), None, []
+        starts = np.ones(2, dtype=bool)
+        for _ in range(10):
+            action, state = m.predict(obs, state=state, episode_start=starts, deterministic=True)
+            obs, _, starts, _ = env.step(action)
+            acts.append(action)
+        return acts
+
+    env.seed(1)
+    before = rollout(model)
+    model.save(tmp_path / "amago")
+    model.save_replay_buffer(tmp_path / "buffer")
+    loaded = AMAGO.load(tmp_path / "amago", env=env)
+    env.seed(1)
+    after = rollout(loaded)
+    np.testing.assert_array_equal(np.array(before), np.array(after))
+    loaded.load_replay_buffer(tmp_path / "buffer")
+    assert loaded.replay_buffer.size() == model.replay_buffer.size()
+    loaded.learn(8, reset_num_timesteps=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+def test_bad_constructor_arguments() -> None:
+    env = gym.make("CartPole-v1")
+    with pytest.raises(ValueError, match="batch_size"):
+        tiny_model(env, batch_size=0)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        tiny_model(env, max_seq_len=0)
+    with pytest.raises(ValueError, match="discount"):
+        tiny_model(env, gamma=1.0)
+
+
+def test_unsupported_spaces_are_named() -> None:
+    class TupleActionEnv(CountingEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.action_space = spaces.Tuple((spaces.Discrete(2), spaces.Discrete(3)))
+
+    with pytest.raises((ValueError, AssertionError), match="(?i)action space|Tuple"):
+        tiny_model(TupleActionEnv())
+
+    class GraphObsEnv(CountingEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.observation_space = spaces.Dict({"text": spaces.Text(5)})
+
+    with pytest.raises((ValueError, NotImplementedError), match="(?i)text|embed|space"):
+        tiny_model(GraphObsEnv())
+
+
+def test_nan_observation_and_reward_are_refused() -> None:
+    model = tiny_model(gym.make("CartPole-v1"))
+    with pytest.raises(ValueError, match="NaN"):
+        model.predict(np.array([0.0, np.nan, 0.0, 0.0], dtype=np.float32))
+
+    class NaNRewardEnv(CountingEnv):
+        def step(self, action):
+            obs, _, term, trunc, info = super().step(action)
+            return obs, float("nan"), term, trunc, info
+
+    with pytest.raises(ValueError, match="NaN"):
+        tiny_model(NaNRewardEnv()).learn(5)
+
+
+def test_predict_without_trained_context_key_explains_the_wrapper() -> None:
+    model = tiny_model(PrevRewardWrapper(CountingEnv()))
+    with pytest.raises(ValueError, match="PrevRewardWrapper"):
+        model.predict({"observation": np.array([0.0], dtype=np.float32)})
+
+
+def test_load_refuses_other_algorithms_and_corrupt_files(tmp_path) -> None:
+    sac_path = tmp_path / "sac.zip"
+    SAC("MlpPolicy", "Pendulum-v1", policy_kwargs={"net_arch": [8]}).save(sac_path)
+    with pytest.raises(ValueError, match="another algorithm"):
+        AMAGO.load(sac_path)
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"not a zip file at all")
+    with pytest.raises(ValueError, match="corrupted"):
+        AMAGO.load(bad)
+
+
+def test_failed_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model(gym.make("CartPole-v1"))
+    path = tmp_path / "model.zip"
+    model.save(path)
+    original = path.read_bytes()
+
+    def broken_state_dict(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(model.policy, "state_dict", broken_state_dict)
+    with pytest.raises(RuntimeError, match="disk full"):
+        model.save(path)
+    assert path.read_bytes() == original
+    assert [p.name for p in tmp_path.iterdir()] == ["model.zip"]

@@ -23,6 +23,28 @@ except ImportError:  # pragma: no cover
 _SINGLE_KEY = "observation"
 
 
+def _check_discrete(name: str, value: np.ndarray, low: np.ndarray | int, high: np.ndarray | int) -> None:
+    """Raise a ValueError unless ``value`` ``(n_envs, ...)`` holds integers in ``[low, high)`` (bounds per element)."""
+    flat = value.reshape(len(value), -1)
+    low, high = np.reshape(low, -1), np.reshape(high, -1)
+    if np.issubdtype(flat.dtype, np.floating) and not np.array_equal(flat, np.round(flat)):
+        raise ValueError(f"{name} holds non-integer values for a discrete space")
+    if np.any(flat < low) or np.any(flat >= high):
+        raise ValueError(f"{name} holds values outside the space's range [{low}, {high})")
+
+
+def _check_values(name: str, value: np.ndarray, space: spaces.Space) -> None:
+    """Raise a ValueError if ``value`` ``(n_envs, *shape)`` holds values the space cannot (or NaN)."""
+    if isinstance(space, spaces.Discrete):
+        _check_discrete(name, value, int(space.start), int(space.start + space.n))
+    elif isinstance(space, spaces.MultiDiscrete):
+        _check_discrete(name, value, space.start, space.start + space.nvec)
+    elif isinstance(space, spaces.MultiBinary):
+        _check_discrete(name, value, 0, 2)
+    elif np.issubdtype(value.dtype, np.floating) and np.isnan(value).any():
+        raise ValueError(f"{name} holds NaN")
+
+
 @dataclass
 class _Windows:
     """A batch of windows in numpy, the fields and shapes of :class:`TrajectoryBatch`."""
@@ -177,26 +199,6 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ adding
 
-    def _check_discrete(self, name: str, value: np.ndarray, low: np.ndarray | int, high: np.ndarray | int) -> None:
-        """Raise a ValueError unless ``value`` ``(n_envs, ...)`` holds integers in ``[low, high)`` (broadcast per env)."""
-        flat = value.reshape(len(value), -1)
-        low, high = np.reshape(low, -1), np.reshape(high, -1)
-        if np.issubdtype(flat.dtype, np.floating) and not np.array_equal(flat, np.round(flat)):
-            raise ValueError(f"{name} holds non-integer values for a discrete space")
-        if np.any(flat < low) or np.any(flat >= high):
-            raise ValueError(f"{name} holds values outside the space's range [{low}, {high})")
-
-    def _check_values(self, name: str, value: np.ndarray, space: spaces.Space) -> None:
-        """Raise a ValueError if ``value`` ``(n_envs, *shape)`` holds values the space cannot."""
-        if isinstance(space, spaces.Discrete):
-            self._check_discrete(name, value, int(space.start), int(space.start + space.n))
-        elif isinstance(space, spaces.MultiDiscrete):
-            self._check_discrete(name, value, space.start, space.start + space.nvec)
-        elif isinstance(space, spaces.MultiBinary):
-            self._check_discrete(name, value, 0, 2)
-        elif np.issubdtype(value.dtype, np.floating) and np.isnan(value).any():
-            raise ValueError(f"{name} holds NaN")
-
     def _validated_obs(self, name: str, obs: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``obs`` key by key as ``(n_envs, *shape)`` arrays, or a ValueError naming what is wrong."""
         if isinstance(self.observation_space, spaces.Dict):
@@ -217,7 +219,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 value = value.reshape(shape)
             if value.shape != shape:
                 raise ValueError(f"{label} has shape {value.shape}, expected {shape}")
-            self._check_values(label, value, self._obs_spaces[key])
+            _check_values(label, value, self._obs_spaces[key])
             validated[key] = value
         return validated
 
@@ -238,7 +240,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         action = action.reshape(self.n_envs, self.action_dim)
         if isinstance(self.action_space, spaces.Box) and not np.isfinite(action).all():
             raise ValueError("action holds NaN or inf")
-        self._check_values("action", action, self.action_space)
+        _check_values("action", action, self.action_space)
         reward = np.asarray(reward, dtype=np.float32)
         if reward.size != self.n_envs:
             raise ValueError(f"reward has shape {reward.shape}, expected ({self.n_envs},)")
@@ -450,7 +452,8 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         assert self.relabeler is not None
         relabel_keys = [key for key in self.relabeler.keys if key in self._obs_spaces]
         rollouts = [
-            self.relabeler.relabel(self._read_rollout(col, row, n, relabel_keys)) for col, row, n in zip(cols, first_rows, n_obs)
+            self.relabeler.relabel(self._read_rollout(col, row, n, relabel_keys))
+            for col, row, n in zip(cols, first_rows, n_obs)
         ]
         offsets, length = self._windows(np.array([rollout.length + 1 for rollout in rollouts]), first)
         visible = [key for key in self._obs_spaces if key not in self.hidden_keys]
@@ -497,7 +500,14 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 observations = {_SINGLE_KEY: self._normalize_obs(observations[_SINGLE_KEY], env)}
         rewards = self._normalize_reward(windows.rewards, env)
         padding = ~windows.mask
-        arrays = [*observations.values(), windows.actions, windows.prev_actions, rewards, windows.terminated, windows.truncated]
+        arrays = [
+            *observations.values(),
+            windows.actions,
+            windows.prev_actions,
+            rewards,
+            windows.terminated,
+            windows.truncated,
+        ]
         for array in arrays:
             array[padding] = 0
         windows.time_idx[padding] = 0

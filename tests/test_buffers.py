@@ -88,7 +88,9 @@ class Stream:
 
 
 def make_buffer(buffer_size: int = 1000, n_envs: int = 1, max_seq_len: int = 8, **kwargs) -> TrajectoryReplayBuffer:
-    return TrajectoryReplayBuffer(buffer_size, OBS_SPACE, ACTION_SPACE, device="cpu", n_envs=n_envs, max_seq_len=max_seq_len, **kwargs)
+    return TrajectoryReplayBuffer(
+        buffer_size, OBS_SPACE, ACTION_SPACE, device="cpu", n_envs=n_envs, max_seq_len=max_seq_len, **kwargs
+    )
 
 
 def test_alignment_termination_and_truncation() -> None:
@@ -265,7 +267,13 @@ def test_storage_is_allocated_lazily() -> None:
 
 
 def _content(buffer: TrajectoryReplayBuffer) -> list[np.ndarray]:
-    return [buffer.observations.copy(), buffer.actions.copy(), buffer.rewards.copy(), buffer.time_steps.copy(), buffer._head.copy()]
+    return [
+        buffer.observations.copy(),
+        buffer.actions.copy(),
+        buffer.rewards.copy(),
+        buffer.time_steps.copy(),
+        buffer._head.copy(),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -362,7 +370,9 @@ class CountingEnv(gym.Env):
 
 
 def test_filled_by_sb3_collect_rollouts() -> None:
-    env = make_vec_env(CountingEnv, n_envs=2, seed=0, wrapper_class=gym.wrappers.TimeLimit, wrapper_kwargs={"max_episode_steps": 8})
+    env = make_vec_env(
+        CountingEnv, n_envs=2, seed=0, wrapper_class=gym.wrappers.TimeLimit, wrapper_kwargs={"max_episode_steps": 8}
+    )
     model = DQN(
         "MlpPolicy",
         env,

@@ -226,7 +226,9 @@ INSTRUCTION_SPACE = spaces.Dict(
 
 def fill_instruction_buffer(relabeler: Relabeler | None, max_seq_len: int = 16) -> TrajectoryReplayBuffer:
     """One truncated 6-step episode, instruction [1, 2], reaching goal 5 at step 3 and goal 6 at step 5."""
-    buffer = TrajectoryReplayBuffer(100, INSTRUCTION_SPACE, spaces.Discrete(3), device="cpu", max_seq_len=max_seq_len, relabeler=relabeler)
+    buffer = TrajectoryReplayBuffer(
+        100, INSTRUCTION_SPACE, spaces.Discrete(3), device="cpu", max_seq_len=max_seq_len, relabeler=relabeler
+    )
     achieved = [0, 0, 0, 5, 0, 6, 0]
 
     def obs(t: int) -> dict[str, np.ndarray]:

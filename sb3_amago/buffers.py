@@ -87,7 +87,8 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     included; a window of up to ``max_seq_len + 1`` observations at a uniformly drawn start
     (every start reachable; a rollout shorter than that is taken whole); windows padded on the
     right to the longest in the batch. Randomness comes from the global ``np.random``, as in SB3.
-    Storage is allocated on the first ``add``.
+    Storage is allocated on the first ``add``. ``hidden_keys`` lists the observation keys dropped
+    from sampled batches (the relabeler's), which the policy must not see either.
 
     :param buffer_size: capacity in rows (observations), split evenly between the env columns
     :param observation_space: observation space

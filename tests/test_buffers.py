@@ -193,6 +193,19 @@ def test_parallel_streams_never_mix() -> None:
     assert envs == {0, 1, 2}
 
 
+@pytest.mark.parametrize("sample_by_length", [False, True])
+def test_random_streams_through_a_small_buffer(sample_by_length: bool) -> None:
+    rng = np.random.default_rng(1)
+    episodes = [[(int(n), bool(c)) for n, c in zip(rng.integers(1, 30, 40), rng.integers(0, 2, 40))] for _ in range(3)]
+    stream = Stream(episodes)
+    buffer = make_buffer(buffer_size=36, n_envs=3, max_seq_len=5, sample_by_length=sample_by_length)
+    for _ in range(25):
+        stream.feed(buffer, 8)
+        batch = buffer.sample(16)
+        stream.check(batch)
+        assert 0 < buffer.size() < 36
+
+
 def test_sample_by_length() -> None:
     stream = Stream([[(2, False), (38, False)]])
     uniform, by_length = make_buffer(), make_buffer(sample_by_length=True)
@@ -384,9 +397,10 @@ def test_filled_by_sb3_collect_rollouts() -> None:
         device="cpu",
     )
     model.learn(120)
+    model.learn(40)  # resets the envs mid-episode: the buffer starts new rollouts instead of running on
     buffer = model.replay_buffer
-    assert isinstance(buffer, TrajectoryReplayBuffer) and buffer.size() == 120
-    for _ in range(10):
+    assert isinstance(buffer, TrajectoryReplayBuffer) and buffer.size() == 160
+    for _ in range(20):
         batch = buffer.sample(16)
         obs, mask = batch.observations, batch.mask
         assert th.equal(batch.time_idx[mask], obs[..., 0][mask].long())

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl
 
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, instruction_rewards, n_goals
@@ -261,6 +262,20 @@ def test_relabeling_through_the_buffer() -> None:
     assert th.equal(batch.prev_actions[:, 1:], batch.actions[:, :-1])
     for old, new in zip(stored, [buffer.rewards, buffer.observations[INSTRUCTION_KEY], buffer.observations[PREV_REWARD_KEY]]):
         np.testing.assert_array_equal(old, new)
+
+
+def test_buffer_with_a_relabeler_pickles(tmp_path) -> None:
+    buffer = fill_instruction_buffer(HindsightInstructionRelabeler("some"), max_seq_len=3)
+    save_to_pkl(tmp_path / "buffer.pkl", buffer)
+    loaded = load_from_pkl(tmp_path / "buffer.pkl")
+    assert loaded.hidden_keys == (ACHIEVED_KEY,)
+    np.random.seed(2)
+    expected = buffer.sample(8)
+    np.random.seed(2)
+    got = loaded.sample(8)
+    for key, value in got.observations.items():
+        assert th.equal(value, expected.observations[key])
+    assert th.equal(got.rewards, expected.rewards) and th.equal(got.mask, expected.mask)
 
 
 def test_relabeler_none_samples_like_no_relabeler() -> None:

@@ -57,20 +57,35 @@ def masked_mean(x: th.Tensor, mask: th.Tensor) -> th.Tensor:
 
 
 def critic_values(critics: CriticEnsemble, state: th.Tensor, action: th.Tensor, space: spaces.Space, params: dict | None = None) -> th.Tensor:
-    """Raw critic outputs ``(B, L, C, G)`` for actions in the critics' input form.
+    """Raw critic outputs ``(B, L, C, G)`` at policy actions ``(B, L, G, A)``.
 
-    Discrete: ``action`` is an index ``(B, L, 1)`` (buffer) or a probability vector ``(B, L, G, n)``
-    (exact expectation); otherwise ``(B, L, G, A)``. ``params`` runs the critics with other weights
-    (detached copies for the policy-gradient term).
+    Discrete: ``action`` is the probability vector and the value its exact expectation.
+    ``params`` runs the critics with other weights (e.g. detached copies).
     """
     run = critics if params is None else (lambda *args: functional_call(critics, params, args))
     if isinstance(space, spaces.Discrete):
-        q_all = run(state)  # (B, L, C, G, n)
-        if action.ndim == state.ndim:  # buffer index
-            idx = action.long().unsqueeze(-2).unsqueeze(-2).expand(*q_all.shape[:-1], 1)
-            return q_all.gather(-1, idx).squeeze(-1)
-        return (q_all * action.unsqueeze(-3)).sum(-1)
+        return (run(state) * action.unsqueeze(-3)).sum(-1)  # (B, L, C, G, n) -> (B, L, C, G)
     return run(state, action)
+
+
+def buffer_and_policy_values(
+    critics: CriticEnsemble, state: th.Tensor, buffer_action: th.Tensor, policy_action: th.Tensor, space: spaces.Space
+) -> tuple[th.Tensor, th.Tensor]:
+    """Raw ``Q(s, a_buffer)`` (gradients to critics and state) and ``Q_frozen(sg s, a_policy)``
+    (gradients to the policy action only), each ``(B, L, C, G)``.
+
+    Discrete critics output every action's value at once, so one forward serves both: the frozen
+    values are that output detached.
+    """
+    if isinstance(space, spaces.Discrete):
+        q_all = critics(state)  # (B, L, C, G, n)
+        idx = buffer_action.long().unsqueeze(-2).unsqueeze(-2).expand(*q_all.shape[:-1], 1)
+        return q_all.gather(-1, idx).squeeze(-1), (q_all.detach() * policy_action.unsqueeze(-3)).sum(-1)
+    n_gammas = policy_action.shape[-2]
+    q_buf = critics(state, critic_action_input(buffer_action, space, n_gammas))
+    frozen = {name: p.detach() for name, p in critics.named_parameters()}
+    frozen.update(dict(critics.named_buffers()))
+    return q_buf, critic_values(critics, state.detach(), policy_action, space, params=frozen)
 
 
 def pick_critics(q: th.Tensor, n: int, reduce_min: bool) -> th.Tensor:
@@ -111,7 +126,6 @@ def amago_loss(
     :param encode: the (possibly compiled) ``policy.encode``
     """
     space = policy.action_space
-    n_gammas = len(policy.gammas)
     states = (encode or policy.encode)(batch.observations, batch.prev_actions, batch.time_idx, batch.mask)  # (B, L+1, D)
     s, s_next = states[:, :-1], states[:, 1:].detach()
     valid = batch.mask[:, 1:]  # (B, L): the step after t is real
@@ -126,18 +140,17 @@ def amago_loss(
         target = td_target(q_next, batch.rewards[:, 1:], batch.terminated[:, 1:], gammas, cfg)  # (B, L, G)
     popart.update_stats(target, valid)
 
-    # Critic regression in PopArt-normalised units.
-    critic_action = a_buf if isinstance(space, spaces.Discrete) else critic_action_input(a_buf, space, n_gammas)
-    q_buf = popart.normalize(critic_values(policy.critics, s, critic_action, space))  # (B, L, C, G)
-    critic_loss = masked_mean((q_buf - popart.normalize_target(target).unsqueeze(-2)) ** 2, valid)
-
-    # Policy gradient through frozen critics on detached states: trains the actor and, through
-    # the actor's input, the encoder.
+    # Critic values of the buffer actions (trained) and of the policy's actions through frozen
+    # critics on detached states (the policy-gradient path trains only the actor and, through the
+    # actor's input, the encoder).
     actor_out = policy.actor(s)
     pi_action = sample_policy_action(actor_out, space)
-    frozen = {name: p.detach() for name, p in policy.critics.named_parameters()}
-    frozen.update(dict(policy.critics.named_buffers()))
-    q_pi = critic_values(policy.critics, s.detach(), pi_action, space, params=frozen)  # (B, L, C, G)
+    q_buf_raw, q_pi = buffer_and_policy_values(policy.critics, s, a_buf, pi_action, space)  # (B, L, C, G) each
+
+    # Critic regression in PopArt-normalised units.
+    q_buf = popart.normalize(q_buf_raw)
+    critic_loss = masked_mean((q_buf - popart.normalize_target(target).unsqueeze(-2)) ** 2, valid)
+
     w, b = popart.w.detach(), popart.b.detach()
     pg_loss = -masked_mean(w * q_pi.min(2).values + b, valid)
 

@@ -10,7 +10,7 @@ from stable_baselines3 import SAC
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_amago import AMAGO, PrevRewardWrapper
-from sb3_amago.loss import LossConfig, amago_loss, bc_filter, critic_values, td_target
+from sb3_amago.loss import LossConfig, amago_loss, bc_filter, buffer_and_policy_values, critic_values, td_target
 
 TINY = {
     "traj_encoder_kwargs": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
@@ -25,11 +25,11 @@ class CountingEnv(gym.Env):
     """Observation = [step number]; reward on arriving at step t+1 = 10 * t + action; ends after
     ``length`` steps (with ``random_length``, a length drawn from 2..length at each reset)."""
 
-    def __init__(self, length: int = 6, n_actions: int = 3, random_length: bool = False) -> None:
+    def __init__(self, length: int = 6, action_space: spaces.Space | None = None, random_length: bool = False) -> None:
         self.max_length = self.length = length
         self.random_length = random_length
         self.observation_space = spaces.Box(0, 1000, shape=(1,), dtype=np.float32)
-        self.action_space = spaces.Discrete(n_actions)
+        self.action_space = action_space or spaces.Discrete(3)
         self.t = 0
 
     def reset(self, *, seed=None, options=None):
@@ -40,7 +40,7 @@ class CountingEnv(gym.Env):
         return np.array([0.0], dtype=np.float32), {}
 
     def step(self, action):
-        reward = 10.0 * self.t + int(action)
+        reward = 10.0 * self.t + float(np.sum(action))
         self.t += 1
         return np.array([float(self.t)], dtype=np.float32), reward, self.t >= self.length, False, {}
 
@@ -93,9 +93,16 @@ def test_bc_filter_binary_and_exp() -> None:
         LossConfig(filter_kind="advantage")
 
 
-@pytest.fixture(scope="module")
-def counting_model() -> AMAGO:
-    env = PrevRewardWrapper(CountingEnv(random_length=True))
+ACTION_SPACES = {
+    "discrete": spaces.Discrete(3),
+    "multidiscrete": spaces.MultiDiscrete([2, 3]),
+    "box": spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32),
+}
+
+
+@pytest.fixture(scope="module", params=list(ACTION_SPACES))
+def counting_model(request: pytest.FixtureRequest) -> AMAGO:
+    env = PrevRewardWrapper(CountingEnv(action_space=ACTION_SPACES[request.param], random_length=True))
     return filled_model(env, steps=48)
 
 
@@ -161,13 +168,18 @@ def test_padding_positions_do_not_change_the_loss(counting_model: AMAGO) -> None
     assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6)
 
 
-def test_discrete_critic_expectation_is_exact(counting_model: AMAGO) -> None:
-    policy = counting_model.policy
+def test_discrete_critic_expectation_is_exact() -> None:
+    policy = filled_model(PrevRewardWrapper(CountingEnv()), steps=8).policy
     state = th.randn(2, 3, policy.traj_encoder.out_dim)
     probs = th.softmax(th.randn(2, 3, len(policy.gammas), 3), -1)
     q_all = policy.critics(state)  # (B, L, C, G, n)
     expected = (q_all * probs.unsqueeze(2)).sum(-1)
     th.testing.assert_close(critic_values(policy.critics, state, probs, policy.action_space), expected)
+    buffer_action = th.tensor([[[0.0], [2.0], [1.0]], [[1.0], [1.0], [0.0]]])
+    q_buf, q_pi = buffer_and_policy_values(policy.critics, state, buffer_action, probs, policy.action_space)
+    th.testing.assert_close(q_buf[1, 0], q_all[1, 0, :, :, 1])
+    th.testing.assert_close(q_buf[0, 1], q_all[0, 1, :, :, 2])
+    th.testing.assert_close(q_pi, expected)
 
 
 # --------------------------------------------------------------------------------------------

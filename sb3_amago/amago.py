@@ -35,8 +35,11 @@ class AMAGO(OffPolicyAlgorithm):
 
     SB3's arguments keep their SB3 meaning; ``batch_size`` counts sequences (windows of
     ``max_seq_len + 1`` steps), ``gamma`` is the main discount (the head the agent acts with) and
-    ``tau`` the EMA rate of the target actor/critic heads.
+    ``tau`` the EMA rate of the target actor/critic heads. ``policy_kwargs=dict(net_arch=...)``
+    sets the hidden sizes of the actor and critic heads, as for SAC (see :class:`TransformerPolicy`).
 
+    :param optimize_memory_usage: SB3's option, accepted for compatibility but must stay False: the
+        trajectory replay already stores each observation once
     :param max_seq_len: training window and acting context length
     :param multigammas: extra discount factors learned beside ``gamma``
     :param n_critics: critics in the ensemble
@@ -82,6 +85,7 @@ class AMAGO(OffPolicyAlgorithm):
         gradient_steps: int = 1,
         replay_buffer_class: type[ReplayBuffer] | None = None,
         replay_buffer_kwargs: dict[str, Any] | None = None,
+        optimize_memory_usage: bool = False,
         max_seq_len: int = 64,
         multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
         n_critics: int = 4,
@@ -133,6 +137,7 @@ class AMAGO(OffPolicyAlgorithm):
             action_noise=None,
             replay_buffer_class=replay_buffer_class or TrajectoryReplayBuffer,
             replay_buffer_kwargs=replay_buffer_kwargs,
+            optimize_memory_usage=optimize_memory_usage,
             policy_kwargs=policy_kwargs,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
@@ -216,6 +221,18 @@ class AMAGO(OffPolicyAlgorithm):
     # ----------------------------------------------------------------------------------------
     # Collection
     # ----------------------------------------------------------------------------------------
+    def learn(
+        self: SelfAMAGO,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 4,
+        tb_log_name: str = "AMAGO",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfAMAGO:
+        """SB3's learn; runs log to TensorBoard as ``AMAGO_<n>`` by default, as SAC's do as ``SAC_<n>``."""
+        return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
+
     def _setup_learn(
         self,
         total_timesteps: int,

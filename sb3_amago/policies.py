@@ -58,8 +58,11 @@ class TransformerPolicy(BasePolicy):
     :param features_extractor_class: an SB3 features extractor for the observation part of the
         timestep encoder (default: the package's own, which handles Box, Dict, images, tokens)
     :param features_extractor_kwargs: its keyword arguments
-    :param actor_hidden: hidden sizes of the actor MLP
-    :param critic_hidden: hidden sizes of each critic MLP
+    :param net_arch: SB3's off-policy ``net_arch``: a list of hidden sizes for the actor and each
+        critic, or ``dict(pi=[...], qf=[...])`` for each separately (instead of ``actor_hidden`` /
+        ``critic_hidden``)
+    :param actor_hidden: hidden sizes of the actor MLP (default ``(256, 256)``)
+    :param critic_hidden: hidden sizes of each critic MLP (default ``(256, 256)``)
     :param optimizer_class: optimizer of all online parameters (one optimizer, one loss)
     :param optimizer_kwargs: its keyword arguments (default ``weight_decay=1e-3``)
     """
@@ -78,14 +81,17 @@ class TransformerPolicy(BasePolicy):
         timestep_encoder_kwargs: dict[str, Any] | None = None,
         features_extractor_class: type | None = None,
         features_extractor_kwargs: dict[str, Any] | None = None,
-        actor_hidden: tuple[int, ...] = (256, 256),
-        critic_hidden: tuple[int, ...] = (256, 256),
+        net_arch: list[int] | dict[str, list[int]] | None = None,
+        actor_hidden: tuple[int, ...] | None = None,
+        critic_hidden: tuple[int, ...] | None = None,
         optimizer_class: type[th.optim.Optimizer] = th.optim.AdamW,
         optimizer_kwargs: dict[str, Any] | None = None,
         normalize_images: bool = True,
     ) -> None:
         if optimizer_kwargs is None:
             optimizer_kwargs = {"weight_decay": 1e-3}
+        if features_extractor_class is None:
+            features_extractor_kwargs = default_extractor_kwargs(features_extractor_kwargs or {})
         super().__init__(
             observation_space,
             action_space,
@@ -103,8 +109,7 @@ class TransformerPolicy(BasePolicy):
         self.traj_encoder_kwargs = dict(traj_encoder_kwargs or {})
         self.d_embed = d_embed
         self.timestep_encoder_kwargs = dict(timestep_encoder_kwargs or {})
-        self.actor_hidden = tuple(actor_hidden)
-        self.critic_hidden = tuple(critic_hidden)
+        self.actor_hidden, self.critic_hidden = head_sizes(net_arch, actor_hidden, critic_hidden)
         self.buffer_action_dim = get_action_dim(action_space)
         self._build(lr_schedule)
 
@@ -139,6 +144,9 @@ class TransformerPolicy(BasePolicy):
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(
+            lr_schedule=self._dummy_schedule,
+            optimizer_class=self.optimizer_class,
+            optimizer_kwargs=self.optimizer_kwargs,
             gammas=self.gammas,
             max_seq_len=self.max_seq_len,
             n_critics=self.n_critics,
@@ -274,6 +282,11 @@ class TransformerPolicy(BasePolicy):
         :return: actions in the env's format, and the state to pass next time
         """
         self.set_training_mode(False)
+        if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+            raise ValueError(
+                "predict() got an (observation, info) tuple: you are probably mixing Gym API with SB3 VecEnv API "
+                "(`obs, info = env.reset()` for a gymnasium env vs `obs = vec_env.reset()` for a VecEnv)."
+            )
         observation = self.prepare_observation(observation)
         obs_tensor, vectorized = self.obs_to_tensor(observation)
         obs_tensor = self.obs_to_buffer_layout(obs_tensor)
@@ -294,7 +307,7 @@ class TransformerPolicy(BasePolicy):
             state = self.commit_action(state, action)
         env_action = self.to_env_action(action)
         if not vectorized:
-            env_action = env_action[0]
+            env_action = env_action.squeeze(axis=0)
         return env_action, state
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
@@ -314,3 +327,34 @@ def check_finite_obs(obs: TensorObs) -> None:
                 f"Observation '{key}' holds NaN or infinite values. Fix the env, or wrap it with "
                 "stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
             )
+
+
+def head_sizes(
+    net_arch: list[int] | dict[str, list[int]] | None, actor_hidden: tuple[int, ...] | None, critic_hidden: tuple[int, ...] | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Hidden sizes of the actor and of each critic, from SB3's ``net_arch`` (a list for both, or
+    ``dict(pi=..., qf=...)``, as SAC / TD3 read it) or from ``actor_hidden`` / ``critic_hidden``."""
+    if net_arch is None:
+        default = (256, 256)
+        return tuple(default if actor_hidden is None else actor_hidden), tuple(default if critic_hidden is None else critic_hidden)
+    if actor_hidden is not None or critic_hidden is not None:
+        raise ValueError("Give the head sizes as net_arch (SB3's meaning) or as actor_hidden / critic_hidden, not both.")
+    if isinstance(net_arch, dict):
+        if set(net_arch) != {"pi", "qf"}:
+            raise ValueError(f"A dict net_arch needs exactly the keys 'pi' (actor) and 'qf' (critics), got {sorted(net_arch)}")
+        return tuple(net_arch["pi"]), tuple(net_arch["qf"])
+    return tuple(net_arch), tuple(net_arch)
+
+
+# SB3's names for the image-feature size of its default extractors: CombinedExtractor (Dict
+# observations) calls it cnn_output_dim, NatureCNN (image observations) features_dim.
+SB3_CNN_DIM_KWARGS = ("cnn_output_dim", "features_dim")
+
+
+def default_extractor_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``features_extractor_kwargs`` for AMAGO's default extractor, SB3's names for the image-feature
+    size (see ``SB3_CNN_DIM_KWARGS``) renamed to its ``cnn_features_dim``."""
+    given = [key for key in (*SB3_CNN_DIM_KWARGS, "cnn_features_dim") if key in kwargs]
+    if len(given) > 1:
+        raise ValueError(f"features_extractor_kwargs gives the image-feature size twice: {given}")
+    return {("cnn_features_dim" if key in SB3_CNN_DIM_KWARGS else key): value for key, value in kwargs.items()}

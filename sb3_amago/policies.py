@@ -330,13 +330,16 @@ def check_finite_obs(obs: TensorObs) -> None:
 
 
 def head_sizes(
-    net_arch: list[int] | dict[str, list[int]] | None, actor_hidden: tuple[int, ...] | None, critic_hidden: tuple[int, ...] | None
+    net_arch: list[int] | dict[str, list[int]] | None,
+    actor_hidden: tuple[int, ...] | None,
+    critic_hidden: tuple[int, ...] | None,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Hidden sizes of the actor and of each critic, from SB3's ``net_arch`` (a list for both, or
     ``dict(pi=..., qf=...)``, as SAC / TD3 read it) or from ``actor_hidden`` / ``critic_hidden``."""
     if net_arch is None:
         default = (256, 256)
-        return tuple(default if actor_hidden is None else actor_hidden), tuple(default if critic_hidden is None else critic_hidden)
+        actor_hidden = default if actor_hidden is None else actor_hidden
+        return tuple(actor_hidden), tuple(default if critic_hidden is None else critic_hidden)
     if actor_hidden is not None or critic_hidden is not None:
         raise ValueError("Give the head sizes as net_arch (SB3's meaning) or as actor_hidden / critic_hidden, not both.")
     if isinstance(net_arch, dict):

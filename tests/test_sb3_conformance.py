@@ -6,39 +6,53 @@ its ``tests/`` modules are imported by path and their test functions called with
 ``model_class=AMAGO`` and the other parameters SB3 gives them. Where an SB3 test branches on the
 class (``if model_class in {SAC, TD3}``), AMAGO takes the generic path. A few SB3 tests name one
 algorithm in their body instead of taking ``model_class``; those that test behaviour every algorithm
-must have run with that name pointed at AMAGO (noted below). No assertion is changed.
+must have run with that name pointed at AMAGO (see their docstrings). No assertion is changed.
 
-SB3 tests that cannot apply to AMAGO:
+The SB3 tests (of the modules used here) that are not run against AMAGO, and why:
 
-=========================================================  ========================================================
-SB3 test                                                   Why it does not apply
-=========================================================  ========================================================
-test_save_load.py::test_warn_buffer[optimize_memory        AMAGO's trajectory replay stores each observation once
-_usage=True]                                               already, so it refuses ``optimize_memory_usage``; the
-                                                           warning under test is about that option's truncation
-test_save_load.py::test_save_load_policy[use_sde=True]     SB3 skips it for every algorithm without gSDE; AMAGO
-                                                           has no gSDE
-test_save_load.py::test_save_load_pytorch_var,             SAC's entropy coefficient, DQN's q_net and target
-test_save_load_q_net, test_dqn_target_update_interval,     update interval, PPO's clip range and net_arch=None:
-test_save_load_no_target_params,                           attributes AMAGO does not have
+======================================================  =========================================================
+SB3 test                                                Why it is not run against AMAGO
+======================================================  =========================================================
+test_save_load: test_warn_buffer                        AMAGO's trajectory replay stores each observation once
+[optimize_memory_usage=True]                            already and refuses the option; the warning under test
+                                                        is about that option's truncated last trajectory
+test_save_load: test_save_load_policy[use_sde=True]     gSDE, which AMAGO lacks (SB3 skips it for such classes)
+test_save_load: test_save_load_pytorch_var,             attributes of one SB3 class: SAC's entropy coefficient,
+test_save_load_q_net, test_dqn_target_update_interval,  DQN's q_net / target_update_interval, PPO's clip_range
+test_save_load_no_target_params,                        and net_arch=None, or (large_model) an 8192-wide TD3
 test_save_load_backward_compatible,
-test_save_load_clip_range_portable, test_cast_lr_schedule,
-test_save_load_net_arch_none
-test_run.py (all but test_offpolicy_multi_env)             name A2C, PPO, SAC, TD3, DDPG or DQN and their own
-                                                           arguments (action noise, entropy coefficient, n_steps)
-test_spaces.py::test_action_spaces                         branches per SB3 class on which action spaces it
-                                                           supports; for another class its expectation is unset
-test_spaces.py::test_discrete_obs_space                    on-policy / DQN arguments (n_steps); AMAGO's Discrete
-                                                           observations run in test_dict_env.py's test_dict_spaces
-test_train_eval_mode.py: test_dqn_/td3_/sac_/a2c_ppo_      read the networks of one SB3 class (q_net, actor_target,
-train_with_batch_norm, test_a2c_ppo_collect_rollouts_...   rollout_buffer)
-test_train_eval_mode.py::test_predict_with_dropout_        gives every class but DQN, TD3 and SAC PPO's ``n_steps``
+test_save_load_clip_range_portable,
+test_cast_lr_schedule, test_save_load_net_arch_none,
+test_save_load_large_model
+test_run: all but test_offpolicy_multi_env              one SB3 class each, with its own arguments (n_steps,
+                                                        action noise, ent_coef, target_update_interval)
+test_spaces: test_action_spaces                         sets its expectation per SB3 class; for others it is unset
+test_spaces: test_discrete_obs_space                    on-policy / DQN arguments (n_steps); AMAGO's Discrete
+                                                        observations run in test_dict_spaces
+test_spaces: test_sde_multi_dim                         SAC with gSDE
+test_spaces: test_multidim_binary_not_supported         MultiBinary actions, which AMAGO does not take at all
+test_train_eval_mode: test_predict_with_dropout_        gives every class but DQN, TD3 and SAC PPO's n_steps
 batch_norm
-test_callbacks.py: all but test_callbacks                  name A2C, DQN + HER, or SAC with a one-step buffer
-test_deterministic.py, test_dict_env.py,                   (the ``model_class`` tests all run here; the others are
-test_predict.py: the tests without ``model_class``         env or class checks: test_env, test_policy_hint,
-                                                           test_goal_env (on-policy), test_dqn_epsilon_greedy)
-=========================================================  ========================================================
+test_train_eval_mode: the *_train_with_batch_norm and   read one SB3 class's networks (q_net, actor_target) or
+test_a2c_ppo_collect_rollouts_with_batch_norm           its rollout buffer
+test_callbacks: test_eval_callback_vec_env,             A2C / DQN + HER must learn their task in a few hundred
+test_eval_success_logging                               steps
+test_callbacks: test_eval_callback_logs_are_written_    reads the TensorBoard folder by DQN's name ("DQN_1")
+with_the_correct_timestep
+test_callbacks: test_eval_friendly_error,               A2C / PPO with n_steps
+test_eval_callback_chaining
+test_callbacks: test_checkpoint_additional_info         DQN training 100 steps; the checkpoint's model and
+                                                        replay files are AMAGO's save / save_replay_buffer,
+                                                        run by test_callbacks and test_save_load_replay_buffer
+test_dict_env: test_policy_hint, test_goal_env,         PPO / A2C: their policy-name hint, on-policy n_steps, and
+test_dict_nested                                        VecEnv's nested-Dict refusal (before any algorithm code)
+the tests without a model (test_env, test_open_file*,   check SB3's envs and utilities, or DQN's epsilon-greedy
+test_escape_log_name, test_vec_normalize_image, ...),
+test_predict: test_dqn_epsilon_greedy
+======================================================  =========================================================
+
+SB3 runs test_identity_spaces on MultiBinary(8) and MultiBinary((3, 2)); only the second runs
+here, to keep the file's runtime modest (one MultiBinary path in AMAGO serves both).
 """
 
 import importlib.util
@@ -56,11 +70,14 @@ from types import ModuleType
 import numpy as np
 import pytest
 import stable_baselines3
+import torch as th
 from gymnasium import spaces
 
 from sb3_amago import AMAGO
 
 SB3_VERSION = stable_baselines3.__version__
+# The fixture below: SB3 test module name (file name without ".py") -> the imported module.
+LoadSB3 = Callable[[str], ModuleType]
 BOX_F32 = spaces.Box(low=-1, high=1, shape=(2,), dtype=np.float32)
 BOX_F64 = spaces.Box(low=-1, high=1, shape=(2,), dtype=np.float64)
 
@@ -74,7 +91,10 @@ def _download_sb3_tests(target: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
         command += [f"stable-baselines3=={SB3_VERSION}", "-d", tmp, "--quiet"]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        try:
+            result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"cannot download the stable-baselines3=={SB3_VERSION} sdist: pip timed out after 600 s")
         archives = list(Path(tmp).glob("*.tar.gz"))
         if result.returncode != 0 or not archives:
             pytest.skip(f"cannot download the stable-baselines3=={SB3_VERSION} sdist: {result.stderr.strip()[-500:]}")
@@ -93,7 +113,7 @@ def _download_sb3_tests(target: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def sb3() -> Callable[[str], ModuleType]:
+def sb3() -> LoadSB3:
     """Import one of SB3's test modules (by file name, without ``.py``) from the cached sdist."""
     tests_dir = _cache_dir()
     if not (tests_dir / "test_save_load.py").exists():
@@ -117,43 +137,53 @@ def sb3() -> Callable[[str], ModuleType]:
 # ------------------------------------------------------------------------------ test_save_load.py
 
 
-def test_save_load(sb3: Callable, tmp_path: Path) -> None:
+def test_save_load(sb3: LoadSB3, tmp_path: Path) -> None:
     sb3("test_save_load").test_save_load(tmp_path, AMAGO)
 
 
-def test_set_env(sb3: Callable, tmp_path: Path) -> None:
+def test_set_env(sb3: LoadSB3, tmp_path: Path) -> None:
     sb3("test_save_load").test_set_env(tmp_path, AMAGO)
 
 
-def test_exclude_include_saved_params(sb3: Callable, tmp_path: Path) -> None:
+def test_exclude_include_saved_params(sb3: LoadSB3, tmp_path: Path) -> None:
     sb3("test_save_load").test_exclude_include_saved_params(tmp_path, AMAGO)
 
 
-def test_save_load_env_cnn(sb3: Callable, tmp_path: Path) -> None:
+def test_save_load_env_cnn(sb3: LoadSB3, tmp_path: Path) -> None:
     sb3("test_save_load").test_save_load_env_cnn(tmp_path, AMAGO)
 
 
-def test_save_load_replay_buffer(sb3: Callable, tmp_path: Path) -> None:
+def test_save_load_replay_buffer(sb3: LoadSB3, tmp_path: Path) -> None:
     sb3("test_save_load").test_save_load_replay_buffer(tmp_path, AMAGO)
 
 
-def test_warn_buffer(sb3: Callable, recwarn: pytest.WarningsRecorder) -> None:
+def test_warn_buffer(sb3: LoadSB3, recwarn: pytest.WarningsRecorder) -> None:
     sb3("test_save_load").test_warn_buffer(recwarn, AMAGO, optimize_memory_usage=False)
 
 
 @pytest.mark.parametrize("policy_str", ["MlpPolicy", "CnnPolicy"])
-def test_save_load_policy(sb3: Callable, tmp_path: Path, policy_str: str) -> None:
+def test_save_load_policy(sb3: LoadSB3, tmp_path: Path, policy_str: str) -> None:
     sb3("test_save_load").test_save_load_policy(tmp_path, AMAGO, policy_str, use_sde=False)
 
 
-def test_load_invalid_object(sb3: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_invalid_object(sb3: LoadSB3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SB3's test names PPO; what it checks (a warning naming ``custom_objects``) is BaseAlgorithm.load's."""
     module = sb3("test_save_load")
     monkeypatch.setattr(module, "PPO", AMAGO)
     module.test_load_invalid_object(tmp_path)
 
 
-def test_load_bad_zip(sb3: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.filterwarnings("error")  # SB3's own mark on the test, which calling it does not carry over
+def test_no_resource_warning(sb3: LoadSB3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SB3's test names PPO for model files and SAC for replay files; AMAGO overrides both save and load."""
+    module = sb3("test_save_load")
+    monkeypatch.setattr(module, "PPO", AMAGO)
+    monkeypatch.setattr(module, "SAC", AMAGO)
+    module.test_no_resource_warning(tmp_path)
+
+
+def test_load_bad_zip(sb3: LoadSB3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SB3's test names PPO; AMAGO overrides load, which must still name a non-zip file as such."""
     module = sb3("test_save_load")
     monkeypatch.setattr(module, "PPO", AMAGO)
     module.test_load_bad_zip(tmp_path)
@@ -162,21 +192,22 @@ def test_load_bad_zip(sb3: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyP
 # ------------------------------------------------------------------------------ test_predict.py
 
 
-def test_auto_wrap(sb3: Callable) -> None:
+def test_auto_wrap(sb3: LoadSB3) -> None:
     sb3("test_predict").test_auto_wrap(AMAGO)
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
 @pytest.mark.parametrize("device", ["cpu", "cuda", "auto"])
-def test_predict(sb3: Callable, env_id: str, device: str) -> None:
+def test_predict(sb3: LoadSB3, env_id: str, device: str) -> None:
     sb3("test_predict").test_predict(AMAGO, env_id, device)
 
 
-def test_subclassed_space_env(sb3: Callable) -> None:
+def test_subclassed_space_env(sb3: LoadSB3) -> None:
     sb3("test_predict").test_subclassed_space_env(AMAGO)
 
 
-def test_mixing_gym_vecenv_api(sb3: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mixing_gym_vecenv_api(sb3: LoadSB3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SB3's test names PPO; AMAGO overrides predict, which must still flag an (obs, info) tuple."""
     module = sb3("test_predict")
     monkeypatch.setattr(module, "PPO", AMAGO)
     module.test_mixing_gym_vecenv_api()
@@ -185,69 +216,78 @@ def test_mixing_gym_vecenv_api(sb3: Callable, monkeypatch: pytest.MonkeyPatch) -
 # ------------------------------------------------------------------------------ test_run.py
 
 
-def test_offpolicy_multi_env(sb3: Callable) -> None:
+def test_offpolicy_multi_env(sb3: LoadSB3) -> None:
     sb3("test_run").test_offpolicy_multi_env(AMAGO)
 
 
 # ------------------------------------------------------------------------------ test_deterministic.py
 
 
-def test_deterministic_training_common(sb3: Callable) -> None:
+def test_deterministic_training_common(sb3: LoadSB3) -> None:
     sb3("test_deterministic").test_deterministic_training_common(AMAGO)
 
 
 # ------------------------------------------------------------------------------ test_dict_env.py
 
 
-def test_consistency(sb3: Callable) -> None:
+def test_consistency(sb3: LoadSB3) -> None:
     sb3("test_dict_env").test_consistency(AMAGO)
 
 
 @pytest.mark.parametrize("channel_last", [False, True])
-def test_dict_spaces(sb3: Callable, channel_last: bool) -> None:
+def test_dict_spaces(sb3: LoadSB3, channel_last: bool) -> None:
     sb3("test_dict_env").test_dict_spaces(AMAGO, channel_last)
 
 
-def test_multiprocessing(sb3: Callable) -> None:
+def test_multiprocessing(sb3: LoadSB3) -> None:
     sb3("test_dict_env").test_multiprocessing(AMAGO)
 
 
 @pytest.mark.parametrize("channel_last", [False, True])
-def test_dict_vec_framestack(sb3: Callable, channel_last: bool) -> None:
+def test_dict_vec_framestack(sb3: LoadSB3, channel_last: bool) -> None:
     sb3("test_dict_env").test_dict_vec_framestack(AMAGO, channel_last)
 
 
-def test_vec_normalize(sb3: Callable) -> None:
+def test_vec_normalize(sb3: LoadSB3) -> None:
     sb3("test_dict_env").test_vec_normalize(AMAGO)
 
 
 # ------------------------------------------------------------------------------ test_spaces.py
 
 
-@pytest.mark.parametrize("obs_space", [BOX_F32, BOX_F64, spaces.Dict({"a": BOX_F32, "b": BOX_F32}), spaces.Dict({"a": BOX_F32, "b": BOX_F64})])
+@pytest.mark.parametrize(
+    "obs_space", [BOX_F32, BOX_F64, spaces.Dict({"a": BOX_F32, "b": BOX_F32}), spaces.Dict({"a": BOX_F32, "b": BOX_F64})]
+)
 @pytest.mark.parametrize("action_space", [BOX_F32, BOX_F64])
-def test_float64_action_space(sb3: Callable, obs_space: spaces.Space, action_space: spaces.Box) -> None:
+def test_float64_action_space(sb3: LoadSB3, obs_space: spaces.Space, action_space: spaces.Box) -> None:
     sb3("test_spaces").test_float64_action_space(AMAGO, obs_space, action_space)
 
 
-@pytest.mark.parametrize("env_name", ["DummyMultiDiscreteSpace", "DummyMultiBinary"])
-def test_identity_spaces(sb3: Callable, env_name: str) -> None:
+@pytest.mark.parametrize(("env_class", "env_arg"), [("DummyMultiDiscreteSpace", [4, 3]), ("DummyMultiBinary", (3, 2))])
+def test_identity_spaces(sb3: LoadSB3, env_class: str, env_arg: list[int] | tuple[int, int]) -> None:
     module = sb3("test_spaces")
-    env = module.DummyMultiDiscreteSpace([4, 3]) if env_name == "DummyMultiDiscreteSpace" else module.DummyMultiBinary((3, 2))
-    module.test_identity_spaces(AMAGO, env)
+    module.test_identity_spaces(AMAGO, getattr(module, env_class)(env_arg))
 
 
 # ------------------------------------------------------------------------------ test_callbacks.py
 
 
-def test_callbacks(sb3: Callable, tmp_path: Path) -> None:
+def test_callbacks(sb3: LoadSB3, tmp_path: Path) -> None:
     sb3("test_callbacks").test_callbacks(tmp_path, AMAGO)
+
+
+@pytest.mark.parametrize("callback_false_value", [False, np.bool_(0), th.tensor(0, dtype=th.bool)])
+def test_callbacks_can_cancel_runs(sb3: LoadSB3, callback_false_value: bool | np.bool_ | th.Tensor) -> None:
+    """SB3's SAC arguments, but ``buffer_size=2``: AMAGO's replay keeps each rollout's newest observation
+    in the row after its last transition, so it needs two rows where SAC's needs one."""
+    model_kwargs = {"learning_starts": 1, "buffer_size": 2, "batch_size": 1}
+    sb3("test_callbacks").test_callbacks_can_cancel_runs(AMAGO, model_kwargs, callback_false_value)
 
 
 # ------------------------------------------------------------------------------ test_train_eval_mode.py
 
 
-def _train_eval_module(sb3: Callable, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def _train_eval_module(sb3: LoadSB3, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """SB3's test_train_eval_mode, told where AMAGO keeps the test's features extractor (in its
     timestep encoder): its ``CLONE_HELPERS`` map each class to such a locator."""
     module = sb3("test_train_eval_mode")
@@ -259,14 +299,15 @@ def _train_eval_module(sb3: Callable, monkeypatch: pytest.MonkeyPatch) -> Module
     return module
 
 
-def test_offpolicy_collect_rollout_batch_norm(sb3: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offpolicy_collect_rollout_batch_norm(sb3: LoadSB3, monkeypatch: pytest.MonkeyPatch) -> None:
     _train_eval_module(sb3, monkeypatch).test_offpolicy_collect_rollout_batch_norm(AMAGO)
 
 
 # ------------------------------------------------------------------------------ test_tensorboard.py
 
 
-def test_tensorboard(sb3: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tensorboard(sb3: LoadSB3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SB3's test takes a key of its MODEL_DICT (class, env id); the run folder must be named after the class."""
     module = sb3("test_tensorboard")
     monkeypatch.setitem(module.MODEL_DICT, "amago", (AMAGO, "Pendulum-v1"))
     module.test_tensorboard(tmp_path, "amago")

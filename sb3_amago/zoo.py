@@ -17,8 +17,8 @@ subprocess envs import it too, through the ids' entry points.
 The hyperparameter file, ``sb3_amago/hyperparams/amago.yml`` (package data; the repository's
 ``rl_zoo_hyperparams/amago.yml`` is the same file), follows the zoo's format. String values of
 ``policy_kwargs``, ``replay_buffer_kwargs`` and ``relabeler`` are Python expressions, evaluated
-with the zoo's names plus the relabelers of :mod:`sb3_amago.relabel`. Keys AMAGO does not take
-are reported by name before any env is made.
+with the zoo's names plus the relabelers of :mod:`sb3_amago.relabel` (which ``-params`` values
+may use as well). Keys AMAGO does not take are reported by name before any env is made.
 """
 
 import argparse
@@ -35,13 +35,14 @@ from gymnasium.envs.registration import load_env_creator
 
 import sb3_amago
 from sb3_amago.amago import AMAGO
-from sb3_amago.relabel import GoalEnvRelabeler, HindsightInstructionRelabeler
+from sb3_amago.relabel import GoalEnvRelabeler, HindsightInstructionRelabeler, Relabeler
 
 try:
     import rl_zoo3
     import rl_zoo3.enjoy
     import rl_zoo3.exp_manager
     import rl_zoo3.train
+    import rl_zoo3.utils
     from rl_zoo3.exp_manager import ExperimentManager
     from rl_zoo3.hyperparams_opt import HYPERPARAMS_CONVERTER, HYPERPARAMS_SAMPLER
 except ImportError as err:
@@ -53,6 +54,12 @@ ALGO = "amago"
 HYPERPARAMS_FILE = Path(__file__).resolve().parent / "hyperparams" / "amago.yml"
 #: Hyperparameters whose string values are Python expressions.
 EVALUATED_KEYS = ("policy_kwargs", "replay_buffer_kwargs", "relabeler")
+#: Names hyperparameter expressions may use besides the zoo's own (``dict``, ``nn``, ``th``, ...).
+EXPRESSION_NAMES: dict[str, Any] = {
+    "sb3_amago": sb3_amago,
+    "HindsightInstructionRelabeler": HindsightInstructionRelabeler,
+    "GoalEnvRelabeler": GoalEnvRelabeler,
+}
 #: AMAGO arguments the zoo sets from its own flags, never from the hyperparameters.
 ZOO_FLAG_KEYS = {
     "env": "--env",
@@ -111,7 +118,9 @@ def _accepted_arguments(function: Callable[..., Any]) -> set[str] | None:
 def _unknown_key_error(key: str, owner: str, where: str, accepted: Iterable[str], extra: str = "") -> ZooConfigError:
     close = difflib.get_close_matches(key, list(accepted), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    return ZooConfigError(f"{owner} takes no argument '{key}' ({where}).{hint} It takes: {', '.join(sorted(accepted))}{extra}.")
+    return ZooConfigError(
+        f"{owner} takes no argument '{key}' ({where}).{hint} It takes: {', '.join(sorted(accepted))}{extra}."
+    )
 
 
 def check_hyperparameters(hyperparams: Mapping[str, Any], where: Callable[[str], str]) -> None:
@@ -121,12 +130,21 @@ def check_hyperparameters(hyperparams: Mapping[str, Any], where: Callable[[str],
         removed its own keys (``n_timesteps``, ``env_wrapper``, ...)
     :param where: a key -> a description of where it was set, for the messages
     """
-    amago_args = (_accepted_arguments(AMAGO.__init__) or set()) - {"self", "env", "_init_setup_model"} - set(ZOO_FLAG_KEYS)
+    amago_args = _accepted_arguments(AMAGO.__init__)
+    if amago_args is None:
+        return
+    amago_args -= {"self", "env", "_init_setup_model", *ZOO_FLAG_KEYS}
     for key in hyperparams:
         if key in ZOO_FLAG_KEYS:
             raise ZooConfigError(f"'{key}' ({where(key)}) is set by the zoo's {ZOO_FLAG_KEYS[key]} flag: remove the key.")
         if key not in amago_args:
             raise _unknown_key_error(key, "AMAGO", where(key), amago_args, f", and the zoo's own keys {', '.join(ZOO_KEYS)}")
+    relabeler = hyperparams.get("relabeler")
+    if relabeler is not None and not isinstance(relabeler, Relabeler):
+        raise ZooConfigError(
+            f"relabeler ({where('relabeler')}) must be a relabeler of sb3_amago.relabel, e.g. "
+            f"\"HindsightInstructionRelabeler(strategy='some')\", got {relabeler!r}."
+        )
     policy_kwargs = hyperparams.get("policy_kwargs") or {}
     if not isinstance(policy_kwargs, Mapping):
         raise ZooConfigError(f"policy_kwargs ({where('policy_kwargs')}) must be a dict, got {policy_kwargs!r}.")
@@ -150,36 +168,34 @@ def check_hyperparameters(hyperparams: Mapping[str, Any], where: Callable[[str],
 
 def evaluate_expression(key: str, text: str, where: str) -> Any:
     """Evaluate a hyperparameter string, with the names the zoo evaluates its own strings with
-    (``dict``, ``nn``, ``th``, ``np``, ...) plus the relabelers of :mod:`sb3_amago.relabel`.
+    (``dict``, ``nn``, ``th``, ``np``, ...) plus :data:`EXPRESSION_NAMES`.
 
     :raises ZooConfigError: naming the key when the expression fails
     """
-    namespace = {
-        **vars(rl_zoo3.exp_manager),
-        "sb3_amago": sb3_amago,
-        "HindsightInstructionRelabeler": HindsightInstructionRelabeler,
-        "GoalEnvRelabeler": GoalEnvRelabeler,
-    }
     try:
-        return eval(text, namespace)
+        return eval(text, {**vars(rl_zoo3.exp_manager), **EXPRESSION_NAMES})
     except Exception as exc:  # any error of a user's expression, reported with its key
-        raise ZooConfigError(f"Cannot evaluate hyperparameter '{key}' = {text!r} ({where}): {type(exc).__name__}: {exc}") from exc
+        raise ZooConfigError(
+            f"Cannot evaluate hyperparameter '{key}' = {text!r} ({where}): {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class AmagoExperimentManager(ExperimentManager):
     """The zoo's experiment manager, reading this package's hyperparameter file for AMAGO by
     default and checking the hyperparameters before any env or model is made."""
 
-    def __init__(self, args: argparse.Namespace, algo: str, env_id: str, *positional: Any, config: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, args: argparse.Namespace, algo: str, env_id: str, *positional: Any, config: str | None = None, **kwargs: Any
+    ) -> None:
         if config is None and algo == ALGO:
             config = str(HYPERPARAMS_FILE)
         super().__init__(args, algo, env_id, *positional, config=config, **kwargs)
 
     def _where(self, key: str) -> str:
-        """Where a hyperparameter was set: ``-params`` or the env's entry in the config file."""
+        """Where a hyperparameter was set: ``-params`` or the config file."""
         if self.custom_hyperparams and key in self.custom_hyperparams:
             return "from -params"
-        return f"in the '{self.env_name.gym_id}' entry of {self.config}"
+        return f"in the hyperparameters for {self.env_name.gym_id} from {self.config}"
 
     def _preprocess_hyperparams(
         self, hyperparams: dict[str, Any]
@@ -187,7 +203,9 @@ class AmagoExperimentManager(ExperimentManager):
         if self.algo != ALGO:
             return super()._preprocess_hyperparams(hyperparams)
         if "n_timesteps" not in hyperparams:
-            raise ZooConfigError(f"'n_timesteps' is missing {self._where('n_timesteps')}: every entry needs it (-n overrides it).")
+            raise ZooConfigError(
+                f"'n_timesteps' is missing {self._where('n_timesteps')}: every entry needs it (-n overrides it)."
+            )
         for key in EVALUATED_KEYS:
             if isinstance(hyperparams.get(key), str):
                 hyperparams[key] = evaluate_expression(key, hyperparams[key], self._where(key))
@@ -235,11 +253,15 @@ def sample_amago_params(trial: optuna.Trial, n_actions: int, n_envs: int, additi
 # ----------------------------------------------------------------------------------------------
 def register() -> None:
     """Make AMAGO known to rl_zoo3 in this process (idempotent): the algorithm, its Optuna
-    sampler and converter, and :class:`AmagoExperimentManager` for the zoo's train script."""
+    sampler and converter, :class:`AmagoExperimentManager` for the zoo's train script, and
+    :data:`EXPRESSION_NAMES` for the values of ``-params`` (which the zoo evaluates in its utils
+    module), so that ``-params relabeler:"HindsightInstructionRelabeler(strategy='all')"`` works."""
     rl_zoo3.ALGOS[ALGO] = AMAGO  # the dict train, enjoy and the experiment manager all read
     HYPERPARAMS_SAMPLER[ALGO] = sample_amago_params
     HYPERPARAMS_CONVERTER[ALGO] = convert_amago_params
     rl_zoo3.train.ExperimentManager = AmagoExperimentManager
+    for name, value in EXPRESSION_NAMES.items():
+        setattr(rl_zoo3.utils, name, value)
 
 
 def can_render_human(env_id: str) -> bool:
@@ -259,22 +281,20 @@ def can_render_human(env_id: str) -> bool:
     return bool({"human", "rgb_array", "rgb_array_list"} & set(metadata.get("render_modes", [])))
 
 
-def _train(args: list[str]) -> None:
-    rl_zoo3.train.train()
-
-
-def _enjoy(args: list[str]) -> None:
+def _enjoy() -> None:
+    """The zoo's enjoy on ``sys.argv``, adding ``--no-render`` for an env that cannot render."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--no-render", action="store_true")
-    known, _ = parser.parse_known_args(args)
+    known, _ = parser.parse_known_args(sys.argv[1:])
     if not known.no_render and not can_render_human(known.env):
         print(f"{known.env} cannot render for a human: playing it without rendering (--no-render).")
         sys.argv.append("--no-render")
     rl_zoo3.enjoy.enjoy()
 
 
-COMMANDS: dict[str, Callable[[list[str]], None]] = {"train": _train, "enjoy": _enjoy}
+#: The commands, each reading its flags from ``sys.argv`` like the zoo's own scripts.
+COMMANDS: dict[str, Callable[[], None]] = {"train": rl_zoo3.train.train, "enjoy": _enjoy}
 #: Flags put before the user's own for each command (argparse keeps the last value given).
 DEFAULT_FLAGS: dict[str, list[str]] = {"train": ["--algo", ALGO], "enjoy": ["--algo", ALGO, "-f", "logs"]}
 
@@ -291,13 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], [*DEFAULT_FLAGS.get(argv[0], []), *argv[1:]]
     if command not in COMMANDS:
         print(USAGE, file=sys.stderr)
-        print(f"python -m sb3_amago.zoo: error: unknown command '{command}' (choose from {', '.join(COMMANDS)})", file=sys.stderr)
+        print(
+            f"python -m sb3_amago.zoo: error: unknown command '{command}' (choose from {', '.join(COMMANDS)})", file=sys.stderr
+        )
         return 2
     register()
     saved_argv = sys.argv
     sys.argv = [f"python -m sb3_amago.zoo {command}", *rest]
     try:
-        COMMANDS[command](rest)
+        COMMANDS[command]()
     except ZooConfigError as exc:
         print(f"python -m sb3_amago.zoo {command}: error: {exc}", file=sys.stderr)
         return 2

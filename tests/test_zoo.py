@@ -35,9 +35,7 @@ TMAZE_H = 5
 
 def run_zoo(cwd: Path, *args: str) -> str:
     """``python -m sb3_amago.zoo ARGS`` in ``cwd``; its output, after asserting success."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "sb3_amago.zoo", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-m", "sb3_amago.zoo", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     return output
@@ -88,9 +86,13 @@ def test_enjoy_carries_context_and_reserves_no_replay(tmaze_run: Path, monkeypat
     calls: list[SimpleNamespace] = []
     original = AMAGO.predict
 
-    def recording_predict(self: AMAGO, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False) -> Any:
+    def recording_predict(
+        self: AMAGO, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False
+    ) -> Any:
         action, new_state = original(self, observation, state=state, episode_start=episode_start, deterministic=deterministic)
-        calls.append(SimpleNamespace(model=self, state_in=state, start=bool(np.asarray(episode_start)[0]), state_out=new_state))
+        calls.append(
+            SimpleNamespace(model=self, state_in=state, start=bool(np.asarray(episode_start)[0]), state_out=new_state)
+        )
         return action, new_state
 
     monkeypatch.setattr(AMAGO, "predict", recording_predict)
@@ -100,7 +102,7 @@ def test_enjoy_carries_context_and_reserves_no_replay(tmaze_run: Path, monkeypat
     assert zoo.main(args) == 0
     assert len(calls) == n_steps
     assert calls[0].state_in is None
-    assert all(later.state_in is earlier.state_out for earlier, later in zip(calls, calls[1:]))
+    assert all(later.state_in is earlier.state_out for earlier, later in zip(calls[:-1], calls[1:], strict=True))
     episode_steps = [int(call.state_out.time_idx[0]) for call in calls]
     assert episode_steps == [t % (TMAZE_H + 1) + 1 for t in range(n_steps)]
     assert [call.start for call in calls] == [t % (TMAZE_H + 1) == 0 for t in range(n_steps)]
@@ -146,6 +148,17 @@ def test_sampler_and_converter() -> None:
     zoo.check_hyperparameters(sampled, lambda key: "sampled")
     assert 0.95 <= sampled["gamma"] < 1.0
     assert HYPERPARAMS_CONVERTER["amago"](trial.params) == sampled
+
+
+def test_relabeler_from_the_command_line() -> None:
+    """``-params`` values are evaluated by the zoo's StoreDict, which sees the relabelers once registered."""
+    from rl_zoo3.utils import StoreDict
+
+    zoo.register()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-params", nargs="+", action=StoreDict)
+    params = parser.parse_args(["-params", "relabeler:HindsightInstructionRelabeler(strategy='all')"]).params
+    assert isinstance(params["relabeler"], HindsightInstructionRelabeler) and params["relabeler"].strategy == "all"
 
 
 def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,7 +212,9 @@ def test_entry_builds_amago(entry: str, tmp_path: Path) -> None:
     if entry == "atari":
         gym.register_envs(pytest.importorskip("ale_py"))
     manager = zoo.AmagoExperimentManager(argparse.Namespace(), zoo.ALGO, env_id, str(tmp_path), eval_freq=-1)
-    hyperparams, manager.env_wrapper, _, manager.vec_env_wrapper = manager._preprocess_hyperparams(manager.read_hyperparameters()[0])
+    hyperparams, manager.env_wrapper, _, manager.vec_env_wrapper = manager._preprocess_hyperparams(
+        manager.read_hyperparameters()[0]
+    )
     try:
         env = manager.create_envs(1, no_log=True)
     except (ImportError, gym.error.DependencyNotInstalled) as exc:
@@ -232,6 +247,7 @@ def test_context_covers_a_rollout(entry: str) -> None:
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run the test in its tmp folder (the zoo's default log folder is ./logs)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -242,19 +258,33 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["max_seq_length:8"], "no argument 'max_seq_length' (from -params). Did you mean 'max_seq_len'?"),
         (["seed:1"], "'seed' (from -params) is set by the zoo's --seed flag"),
         (["noise_type:'normal'"], "AMAGO takes no argument 'noise_type'"),
-        (["policy_kwargs:dict(d_embd=8)"], "TransformerPolicy (policy_kwargs) takes no argument 'd_embd' (from -params). Did you mean 'd_embed'?"),
-        (["policy_kwargs:dict(max_seq_len=8)"], "policy_kwargs key 'max_seq_len' (from -params) comes from AMAGO's own hyperparameters"),
-        (["relabeler:'HindsightRelabel()'"], "Cannot evaluate hyperparameter 'relabeler' = 'HindsightRelabel()' (from -params): NameError"),
+        (
+            ["policy_kwargs:dict(d_embd=8)"],
+            "TransformerPolicy (policy_kwargs) takes no argument 'd_embd' (from -params). Did you mean 'd_embed'?",
+        ),
+        (
+            ["policy_kwargs:dict(max_seq_len=8)"],
+            "policy_kwargs key 'max_seq_len' (from -params) comes from AMAGO's own hyperparameters",
+        ),
+        (
+            ["relabeler:'HindsightRelabel()'"],
+            "Cannot evaluate hyperparameter 'relabeler' = 'HindsightRelabel()' (from -params): NameError",
+        ),
+        (["relabeler:5"], "relabeler (from -params) must be a relabeler of sb3_amago.relabel"),
     ],
 )
-def test_bad_hyperparameter_is_named(params: list[str], expected: str, in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_hyperparameter_is_named(
+    params: list[str], expected: str, in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert zoo.main(["train", "--env", "amago-TMaze-v0", "-n", "10", "-params", *params]) == 2
     assert expected in capsys.readouterr().err
     assert not (in_tmp / "logs").exists()  # stopped before any folder, env or model was made
 
 
 def test_bad_entry_in_a_conf_file_is_named(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (in_tmp / "conf.yml").write_text("default:\n  n_timesteps: 10\n  policy: TransformerPolicy\n  policy_kwargs: 'dict(d_embed=)'\n")
+    (in_tmp / "conf.yml").write_text(
+        "default:\n  n_timesteps: 10\n  policy: TransformerPolicy\n  policy_kwargs: 'dict(d_embed=)'\n"
+    )
     assert zoo.main(["train", "--env", "amago-TMaze-v0", "-conf", "conf.yml"]) == 2
     assert "Cannot evaluate hyperparameter 'policy_kwargs'" in capsys.readouterr().err
     (in_tmp / "conf.yml").write_text("default:\n  policy: TransformerPolicy\n")

@@ -3,7 +3,8 @@
 The tests come from the source distribution of the installed stable-baselines3 version (downloaded
 with pip once, then cached under ``$XDG_CACHE_HOME/sb3_amago``, default ``~/.cache/sb3_amago``);
 its ``tests/`` modules are imported by path and their test functions called with
-``model_class=AMAGO`` and the other parameters SB3 gives them. Where an SB3 test branches on the
+``model_class=AMAGO`` (``SmallAMAGO``, AMAGO with smaller networks, for two long ones) and the
+other parameters SB3 gives them. Where an SB3 test branches on the
 class (``if model_class in {SAC, TD3}``), AMAGO takes the generic path. A few SB3 tests name one
 algorithm in their body instead of taking ``model_class``; those that test behaviour every algorithm
 must have run with that name pointed at AMAGO (see their docstrings). No assertion is changed.
@@ -66,6 +67,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -80,6 +82,21 @@ SB3_VERSION = stable_baselines3.__version__
 LoadSB3 = Callable[[str], ModuleType]
 BOX_F32 = spaces.Box(low=-1, high=1, shape=(2,), dtype=np.float32)
 BOX_F64 = spaces.Box(low=-1, high=1, shape=(2,), dtype=np.float64)
+
+
+class SmallAMAGO(AMAGO):
+    """AMAGO with a small timestep encoder and sequence model, for the SB3 tests that train or act for
+    thousands of steps (test_warn_buffer, test_callbacks): their only way to pass sizes is the class.
+    The test's own ``policy_kwargs`` (e.g. ``net_arch``) come on top."""
+
+    SIZES: ClassVar[dict[str, Any]] = {
+        "d_embed": 32,
+        "timestep_encoder_kwargs": {"hidden_sizes": (64,)},
+        "traj_encoder_kwargs": {"d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1},
+    }
+
+    def __init__(self, *args: Any, policy_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, policy_kwargs={**self.SIZES, **(policy_kwargs or {})}, **kwargs)
 
 
 def _cache_dir() -> Path:
@@ -158,7 +175,7 @@ def test_save_load_replay_buffer(sb3: LoadSB3, tmp_path: Path) -> None:
 
 
 def test_warn_buffer(sb3: LoadSB3, recwarn: pytest.WarningsRecorder) -> None:
-    sb3("test_save_load").test_warn_buffer(recwarn, AMAGO, optimize_memory_usage=False)
+    sb3("test_save_load").test_warn_buffer(recwarn, SmallAMAGO, optimize_memory_usage=False)
 
 
 @pytest.mark.parametrize("policy_str", ["MlpPolicy", "CnnPolicy"])
@@ -273,7 +290,7 @@ def test_identity_spaces(sb3: LoadSB3, env_class: str, env_arg: list[int] | tupl
 
 
 def test_callbacks(sb3: LoadSB3, tmp_path: Path) -> None:
-    sb3("test_callbacks").test_callbacks(tmp_path, AMAGO)
+    sb3("test_callbacks").test_callbacks(tmp_path, SmallAMAGO)
 
 
 @pytest.mark.parametrize("callback_false_value", [False, np.bool_(0), th.tensor(0, dtype=th.bool)])

@@ -16,10 +16,8 @@ To add a family (e.g. the instruction-following envs), append :class:`BenchCase`
 """
 
 import argparse
-import datetime
 import json
 import platform
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from common import run_metadata
 
 import sb3_amago  # noqa: F401  (registers the amago-* ids)
 
@@ -78,16 +77,6 @@ def _steps_per_second(case: BenchCase, steps: int, repeats: int, seed: int) -> d
     return {"steps_per_s": best, "episodes_finished": episodes}
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("numpy", "gymnasium", "torch", "popgym", "mazelib", "mujoco", "sb3-amago"):
@@ -96,14 +85,6 @@ def _versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[pkg] = "not installed"
     return out
-
-
-def _torch_threads() -> int | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.get_num_threads()
 
 
 def run(steps: int, repeats: int, seed: int) -> list[dict[str, Any]]:
@@ -125,10 +106,7 @@ def write_results(rows: list[dict[str, Any]], config: dict[str, Any], out_dir: P
     """``envs.json`` and ``envs.md`` in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
-        "torch_threads": _torch_threads(),
+        **run_metadata(),
         "versions": _versions(),
     }
     units = {"steps_per_s": "env steps per second (best of repeats)", "episodes_finished": "episodes in one run"}
@@ -137,7 +115,7 @@ def write_results(rows: list[dict[str, Any]], config: dict[str, Any], out_dir: P
     lines = [
         "# Env throughput (random actions, single process)",
         "",
-        f"`{meta['command']}` on {meta['cpu']}, {meta['date']}; {config['steps']} steps x best of {config['repeats']}.",
+        f"`{meta['command']}` on {meta['cpu_model']}, {meta['date']}; {config['steps']} steps x best of {config['repeats']}.",
         "",
         "| family | env id | steps/s | episodes |",
         "|---|---|---:|---:|",

@@ -11,15 +11,13 @@ Writes ``<out>/replay.json`` (configuration, figures with units, command, versio
 """
 
 import argparse
-import datetime
 import json
-import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch as th
+from common import run_metadata
 from gymnasium import spaces
 
 from sb3_amago.buffers import TrajectoryReplayBuffer
@@ -78,16 +76,6 @@ def filled_buffer(config: dict, device: str, seed: int = 0) -> tuple[TrajectoryR
     return buffer, time.perf_counter() - start
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -123,12 +111,8 @@ def main() -> None:
             "n_actions": N_ACTIONS,
         },
         "figures": figures,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "torch": th.__version__,
         "numpy": np.__version__,
-        "threads": th.get_num_threads(),
-        "cpu": cpu_model(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_metadata(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replay.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -137,7 +121,7 @@ def main() -> None:
         f"# Replay sampling{' (quick)' if args.quick else ''}\n\n"
         f"Batch {args.batch_size} x max_seq_len {config['max_seq_len']} from {config['buffer_size']:,} transitions "
         f"({config['n_envs']} envs, rollouts {config['min_len']}-{config['max_len']} steps), device {args.device}, "
-        f"{result['threads']} torch threads, {result['cpu']}, torch {th.__version__}, {result['date']}.\n\n"
+        f"{result['threads']} torch threads, {result['cpu_model']}, torch {th.__version__}, {result['date']}.\n\n"
         f"| figure | value | unit |\n|---|---|---|\n{rows}\n\n`{result['command']}`\n"
     )
     print(json.dumps(figures, indent=2))

@@ -15,11 +15,8 @@ Usage::
 """
 
 import argparse
-import datetime
 import json
-import platform
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -28,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch as th
+from common import run_metadata
 
 from sb3_amago.nets import TransformerTrajEncoder
 
@@ -42,15 +40,6 @@ MAX_TRAIN_MEMORY_GIB = 16.0
 
 def make_encoder(max_seq_len: int) -> TransformerTrajEncoder:
     return TransformerTrajEncoder(D_MODEL, max_seq_len, d_model=D_MODEL, n_heads=N_HEADS, d_ff=4 * D_MODEL, n_layers=N_LAYERS)
-
-
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def max_rss_mib() -> float:
@@ -236,11 +225,7 @@ def main() -> None:
         "acting": acting,
         "training": training,
         "checks": checks(acting, training),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "torch_version": th.__version__,
-        "threads": th.get_num_threads(),
-        "cpu_model": cpu_model(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_metadata(),
     }
     name = "sequence_models_quick" if args.quick else "sequence_models"
     args.out_dir.mkdir(parents=True, exist_ok=True)

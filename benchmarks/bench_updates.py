@@ -17,10 +17,10 @@ import time
 import gymnasium as gym
 import numpy as np
 import torch as th
+from common import write_results
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 
-from common import write_results
 from sb3_amago import AMAGO
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.

@@ -17,7 +17,6 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import load_from_zip_file
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import polyak_update
 
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.loss import LossConfig, amago_loss
@@ -347,8 +346,7 @@ class AMAGO(OffPolicyAlgorithm):
             loss.backward()
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             optimizer.step()
-            polyak_update(self.policy.actor.parameters(), self.policy.actor_target.parameters(), self.tau)
-            polyak_update(self.policy.critics.parameters(), self.policy.critics_target.parameters(), self.tau)
+            self.policy.update_targets(self.tau)
             self._n_updates += 1
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().float()

@@ -89,7 +89,7 @@ class TransformerPolicy(BasePolicy):
         normalize_images: bool = True,
     ) -> None:
         if optimizer_kwargs is None:
-            optimizer_kwargs = {"weight_decay": 1e-3}
+            optimizer_kwargs = {"weight_decay": 1e-3, "foreach": True}
         if features_extractor_class is None:
             features_extractor_kwargs = default_extractor_kwargs(features_extractor_kwargs or {})
         super().__init__(
@@ -140,6 +140,12 @@ class TransformerPolicy(BasePolicy):
     def online_parameters(self) -> list[th.nn.Parameter]:
         """Every trained parameter (all but the EMA target heads)."""
         return [p for name, p in self.named_parameters() if not name.startswith(("actor_target.", "critics_target."))]
+
+    @th.no_grad()
+    def update_targets(self, tau: float) -> None:
+        """EMA of the actor and critic heads into their targets, in one fused op per group."""
+        for online, target in ((self.actor, self.actor_target), (self.critics, self.critics_target)):
+            th._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()

@@ -27,7 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from common import run_metadata
+from common import RESULTS_DIR, run_metadata
 
 import sb3_amago  # noqa: F401  (registers the amago-* ids)
 
@@ -52,9 +52,11 @@ CASES: list[BenchCase] = [
     BenchCase("POPGym", "amago-popgym-LabyrinthEscapeEasy-v0"),
     BenchCase("Meta-RL", "amago-DarkKeyToDoor-v0"),
     BenchCase("Meta-RL", "amago-HalfCheetahVel-v0"),
+    BenchCase("Instruction", "amago-MazeRunner-v0"),
+    BenchCase("Instruction", "amago-PackageDelivery-v0"),
+    BenchCase("Instruction", "amago-CrafterInstructions-v0"),
 ]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _steps_per_second(case: BenchCase, steps: int, repeats: int, seed: int) -> dict[str, Any]:

@@ -328,3 +328,24 @@ def test_tensorboard(sb3: LoadSB3, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     module = sb3("test_tensorboard")
     monkeypatch.setitem(module.MODEL_DICT, "amago", (AMAGO, "Pendulum-v1"))
     module.test_tensorboard(tmp_path, "amago")
+
+
+# ------------------------------------------------------------------------------ SB3's generic arguments
+
+
+def test_sb3_policy_kwargs() -> None:
+    """SB3's ``net_arch`` sets the actor and critic hidden sizes (a list for both, ``pi`` / ``qf`` each),
+    never beside AMAGO's own ``actor_hidden`` / ``critic_hidden``; SB3's image-feature size names reach
+    the default extractor."""
+    env = "Pendulum-v1"
+    policy = AMAGO("MlpPolicy", env, policy_kwargs={"net_arch": {"pi": [8], "qf": [16, 4]}}).policy
+    assert (policy.actor_hidden, policy.critic_hidden) == ((8,), (16, 4))
+    policy = AMAGO(
+        "MlpPolicy", env, policy_kwargs={"net_arch": [12], "features_extractor_kwargs": {"cnn_output_dim": 16}}
+    ).policy
+    assert (policy.actor_hidden, policy.critic_hidden) == ((12,), (12,))
+    assert policy.features_extractor_kwargs == {"cnn_features_dim": 16}
+    with pytest.raises(ValueError, match="not both"):
+        AMAGO("MlpPolicy", env, policy_kwargs={"net_arch": [12], "actor_hidden": (8,)})
+    with pytest.raises(ValueError, match="'pi'"):
+        AMAGO("MlpPolicy", env, policy_kwargs={"net_arch": {"pi": [8]}})

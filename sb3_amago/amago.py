@@ -150,15 +150,14 @@ class AMAGO(OffPolicyAlgorithm):
         self.max_seq_len = int(max_seq_len)
         self.multigammas = tuple(float(g) for g in multigammas)
         self.n_critics = int(n_critics)
-        self.loss_config = LossConfig(
-            reward_multiplier=reward_multiplier,
-            critic_weight=critic_weight,
-            pg_weight=pg_weight,
-            bc_weight=bc_weight,
-            n_target_critics=n_target_critics,
-            filter_kind=filter_kind,
-            filter_beta=filter_beta,
-        )
+        self.reward_multiplier = reward_multiplier
+        self.critic_weight = critic_weight
+        self.pg_weight = pg_weight
+        self.bc_weight = bc_weight
+        self.n_target_critics = n_target_critics
+        self.filter_kind = filter_kind
+        self.filter_beta = filter_beta
+        self.loss_config  # validates the loss settings now
         self.max_grad_norm = max_grad_norm
         self.warmup_steps = warmup_steps
         self.epsilon_start = epsilon_start
@@ -172,6 +171,20 @@ class AMAGO(OffPolicyAlgorithm):
         self._explore_scale: np.ndarray | None = None
         if _init_setup_model:
             self._setup_model()
+
+    @property
+    def loss_config(self) -> LossConfig:
+        """The loss settings, read from the model's attributes (so ``load(..., reward_multiplier=...)``
+        and RL Zoo's continued training change them like any other hyperparameter)."""
+        return LossConfig(
+            reward_multiplier=self.reward_multiplier,
+            critic_weight=self.critic_weight,
+            pg_weight=self.pg_weight,
+            bc_weight=self.bc_weight,
+            n_target_critics=self.n_target_critics,
+            filter_kind=self.filter_kind,
+            filter_beta=self.filter_beta,
+        )
 
     @property
     def gammas(self) -> tuple[float, ...]:
@@ -335,13 +348,14 @@ class AMAGO(OffPolicyAlgorithm):
             th.autocast(device_type=self.device.type, dtype=th.bfloat16) if self.mixed_precision else contextlib.nullcontext()
         )
         sums: dict[str, th.Tensor] = {}
+        loss_config = self.loss_config
         for _ in range(gradient_steps):
             warmup = min(1.0, (self._n_updates + 1) / max(1, self.warmup_steps))
             for group in optimizer.param_groups:
                 group["lr"] = self.lr_schedule(self._current_progress_remaining) * warmup
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             with autocast:
-                loss, stats = amago_loss(self.policy, batch, self.loss_config, encode=self._encode)
+                loss, stats = amago_loss(self.policy, batch, loss_config, encode=self._encode)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_amago.envs.crafter_instructions import CrafterInstructions, import_crafter
 from sb3_amago.envs.instruction import InstructionEnv
@@ -221,7 +222,6 @@ def test_crafter_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         (lambda: MazeRunner(min_goals=3, max_goals=2), r"min_goals must be an integer in \[1, 2\]"),
         (lambda: MazeRunner(horizon=0), r"horizon must be an integer >= 1"),
         (lambda: MazeRunner(success_reward=0.0), r"success_reward"),
-        (lambda: MazeRunner(render_mode="human"), r"render_mode"),
         (lambda: PackageDelivery(road_length=2), r"road_length must be an integer >= 3"),
         (lambda: PackageDelivery(n_forks=9), r"n_forks must be an integer in \[0, 8\]"),
         (lambda: PackageDelivery(min_packages=0), r"min_packages must be an integer in \[1, 4\]"),
@@ -310,3 +310,13 @@ def test_relabeling_a_recorded_maze_rollout() -> None:
         assert all(env.cell_token(*cell) != goal for cell in cells[previous + 2 : step + 1])
         previous = step
     np.testing.assert_array_equal(new.observations[PREV_REWARD_KEY][1:, 0], new.rewards)
+
+
+def test_unsupported_render_mode_lets_make_vec_env_fall_back() -> None:
+    with pytest.raises(TypeError, match="render_mode must be one of"):
+        MazeRunner(render_mode="human")
+    # SB3's make_vec_env asks for render_mode="rgb_array" first and retries without it on TypeError.
+    vec_env = make_vec_env("amago-MazeRunner7-v0", n_envs=2, seed=0)
+    assert vec_env.reset()["instruction"].shape[0] == 2
+    vec_env = make_vec_env("amago-PackageDelivery-v0", n_envs=1, seed=0)
+    assert "achieved" in vec_env.reset()

@@ -75,7 +75,12 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         if not np.isfinite(success_reward) or success_reward <= 0:
             raise ValueError(f"success_reward must be a finite number > 0, got {success_reward!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+            # A TypeError, like an env that takes no render_mode at all: SB3's make_vec_env asks for
+            # "rgb_array" and retries without it on TypeError.
+            raise TypeError(
+                f"{type(self).__name__} does not render in mode {render_mode!r}: render_mode must be one of "
+                f"{self.metadata['render_modes']} or None"
+            )
         reserved = {INSTRUCTION_KEY, ACHIEVED_KEY, PREV_REWARD_KEY} & set(task_spaces)
         if reserved:
             raise ValueError(f"Task observation keys {sorted(reserved)} clash with the instruction keys")

@@ -349,3 +349,22 @@ def test_failed_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.Monkey
         model.save(path)
     assert path.read_bytes() == original
     assert [p.name for p in tmp_path.iterdir()] == ["model.zip"]
+
+
+@pytest.mark.parametrize(
+    "name", ["AutoencodeEasy", "BattleshipEasy", "ConcentrationEasy", "LabyrinthEscapeEasy", "PositionOnlyPendulumEasy"]
+)
+def test_runs_on_popgym_spaces(name: str) -> None:
+    """Tuple observations (as Dict keys), MultiDiscrete observations and actions, Box actions."""
+    env = gym.make(f"amago-popgym-{name}-v0")
+    model = tiny_model(env, learning_starts=30)
+    model.learn(60)
+    assert model._n_updates > 0
+    obs, _ = env.reset(seed=0)
+    action, state = model.predict(obs, deterministic=True)
+    assert env.action_space.contains(action)
+    # The raw popgym observation (a tuple for Autoencode) is refused with the fix named.
+    raw = env.unwrapped
+    if isinstance(raw.observation_space, spaces.Tuple):
+        with pytest.raises(ValueError, match="PrevRewardWrapper"):
+            AMAGO("TransformerPolicy", raw)

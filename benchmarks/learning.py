@@ -1,0 +1,724 @@
+"""Learning benchmark (issue 7): AMAGO against sb3-contrib's RecurrentPPO and a memoryless SB3 baseline
+(DQN for discrete actions, SAC for continuous ones), same env-step budget and seeds for all three.
+
+    python benchmarks/learning.py --quick              # 2 tasks x 3 algos x 2 seeds x 10,000 steps: learning_quick.*
+    python benchmarks/learning.py                      # every task, 3 seeds, full budgets (many hours): learning.*
+    python benchmarks/learning.py --tasks TMaze100 --algos amago ppo_lstm --seeds 5 --budget 200000
+    python benchmarks/learning.py --report-only        # table, json and plots from the CSV as it stands
+
+Runs are sequential (one timed run at a time, ``--threads`` torch threads, 1 by default). ``--quick``
+(RepeatFirstEasy and RepeatPreviousEasy) should take about 15 minutes on one core of a 2-core AMD
+EPYC machine (timed run by run: ~3 minutes per AMAGO run, under half a minute per peer run). AMAGO's
+training dominates a full run: on one thread there, ~17 s per 1,000 env steps with windows of 51
+steps (RepeatFirst), ~29 s with 101 (T-maze H = 100), more for the 200-step windows of the CartPole
+and Pendulum tasks, and ~15 s per update (one per 24 env steps) with the 1,001 of T-maze H = 1,000.
+
+Tasks and budgets (env steps per run; ``--budget`` sets one budget for every task):
+
+==========================  ===========================================  ==========  ==========================
+task                        env id                                       budget      score
+==========================  ===========================================  ==========  ==========================
+RepeatPreviousEasy          amago-popgym-RepeatPreviousEasy-v0           500,000     POPGym-normalised return
+RepeatFirstEasy             amago-popgym-RepeatFirstEasy-v0              500,000     POPGym-normalised return
+CountRecallEasy             amago-popgym-CountRecallEasy-v0              500,000     POPGym-normalised return
+AutoencodeEasy              amago-popgym-AutoencodeEasy-v0               500,000     POPGym-normalised return
+PositionOnlyCartPoleEasy    amago-popgym-PositionOnlyCartPoleEasy-v0     500,000     POPGym-normalised return
+PositionOnlyPendulumEasy    amago-popgym-PositionOnlyPendulumEasy-v0     500,000     POPGym-normalised return
+TMaze100                    amago-TMaze100-v0 (passive, H = 100)         500,000     success rate
+TMaze1000                   amago-TMaze1000-v0 (passive, H = 1,000)      1,000,000   success rate
+==========================  ===========================================  ==========  ==========================
+
+Hyperparameters: AMAGO takes the entry of the env id in ``sb3_amago/hyperparams/amago.yml`` (the
+package's RL Zoo file). The peers take RL Zoo's published entries, read from the ``hyperparams``
+folder of the installed rl_zoo3, for the zoo env most like each task (the zoo has one for every task,
+so POPGym's own PPO settings, ``popgym/baselines/ppo.py``, are not needed):
+
+=================================================  ===================================  ========================
+tasks                                              RecurrentPPO (``ppo_lstm.yml``)      memoryless
+=================================================  ===================================  ========================
+RepeatPrevious, RepeatFirst, CountRecall,          ``CartPoleNoVel-v1`` (tuned; the     DQN, ``dqn.yml``
+Autoencode, PositionOnlyCartPole, T-maze           zoo's discrete memory task)          ``CartPole-v1`` (tuned)
+PositionOnlyPendulum                               ``PendulumNoVel-v1`` (tuned)         SAC, ``sac.yml``
+                                                                                        ``Pendulum-v1``
+=================================================  ===================================  ========================
+
+Each entry's ``n_timesteps`` gives way to the budget. Where the budget is below it, the settings
+counted in env steps keep their share of training: ``learning_starts`` and ``exploration_steps`` are
+scaled by ``budget / n_timesteps``; ``buffer_size`` never exceeds the budget (a larger replay would
+stay partly empty). The zoo's own preprocessing turns ``lin_<x>`` values into linear schedules and
+evaluates ``policy_kwargs`` strings; ``normalize: True`` wraps the training envs in ``VecNormalize``
+(with the entry's gamma, as the zoo does) and the evaluation envs in a copy of its statistics that
+leaves rewards raw.
+
+Observations: AMAGO takes the ids' Dict observation (the env's observation and ``prev_reward``) and
+tracks its previous action itself. The peers see the same Dict flattened by gymnasium's
+``FlattenObservation`` (Discrete and MultiDiscrete parts become one-hots), the flat vector their
+``MlpPolicy`` / ``MlpLstmPolicy`` take. Actions: every task but PositionOnlyPendulum (``Box(1)``) has
+Discrete actions; none has MultiDiscrete ones (CountRecall's MultiDiscrete space is its observation),
+so each peer runs on every task unchanged.
+
+Known handicap of the published settings: ``CartPoleNoVel-v1``'s ``n_steps: 32`` cuts RecurrentPPO's
+backpropagation through time at 32 steps, shorter than RepeatFirst's or the T-maze's memory span.
+
+Evaluation: at step 0, every ``budget / evals`` env steps and at the end, ``--eval-episodes``
+deterministic episodes (SB3's ``evaluate_policy``) on separate evaluation envs. A run stops at the
+first env step count at or past the budget that its algorithm reaches (SB3 collects whole rollouts,
+``train_freq`` steps or ``n_steps * n_envs`` at a time, so DQN and RecurrentPPO may go up to one
+rollout past it); the CSV records the steps actually taken. Recorded per
+evaluation: env steps, wall-clock seconds of training (since ``learn`` began, evaluations excluded),
+mean and std of the return, and the score (POPGym: ``popgym_normalized_score`` of the mean return;
+T-maze: the share of episodes with ``info["is_success"]``).
+
+Results (``--out-dir``, default ``benchmarks/results``; ``<prefix>`` is ``learning`` or
+``learning_quick``): ``<prefix>_curves.csv`` gets each evaluation's row as it happens, the last row of
+a run marked ``final``. On a restart, rows of runs without a final row are dropped and those runs
+start again; finished ``(task, algo, seed, budget)`` runs are skipped. The report (``<prefix>.md``,
+``<prefix>.json``, ``<prefix>_<task>.png``) is written at the end and by ``--report-only`` from the
+finished runs: final score mean +- std over seeds (population std), and the env steps and training
+seconds at which the mean over seeds first reaches 0.9, with the number of seeds whose own curve does.
+"""
+
+import argparse
+import csv
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import rl_zoo3
+import torch as th
+import yaml
+from common import RESULTS_DIR, run_metadata
+from gymnasium.wrappers import FlattenObservation
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rl_zoo3.exp_manager import ExperimentManager
+from sb3_contrib import RecurrentPPO
+from stable_baselines3 import DQN, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
+
+from sb3_amago import AMAGO
+from sb3_amago.envs.popgym_envs import popgym_normalized_score
+from sb3_amago.zoo import HYPERPARAMS_FILE, evaluate_expression
+
+#: Score a run must reach to count as solving its task.
+THRESHOLD = 0.9
+#: The compared algorithms: AMAGO, RecurrentPPO, and DQN or SAC by action space.
+ALGOS = ("amago", "ppo_lstm", "memoryless")
+ZOO_HYPERPARAMS = Path(rl_zoo3.__file__).resolve().parent / "hyperparams"
+#: Settings counted in env steps, scaled by budget / n_timesteps when the budget is smaller.
+BUDGET_SCALED_KEYS = ("learning_starts", "exploration_steps")
+#: Evaluation envs run side by side (at most one per episode).
+EVAL_ENVS = 8
+#: Evaluation envs are seeded with the run's seed plus this, apart from the training envs.
+EVAL_SEED_OFFSET = 10_000
+#: CSV columns and their types.
+FIELDS: dict[str, type] = {
+    "task": str,
+    "algo": str,
+    "seed": int,
+    "budget": int,
+    "env_steps": int,
+    "wall_s": float,
+    "mean_return": float,
+    "std_return": float,
+    "score": float,
+    "final": int,
+}
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark task: an env id, its full-run budget and how its score is computed."""
+
+    name: str
+    env_id: str
+    budget: int
+    continuous: bool = False
+
+    @property
+    def is_tmaze(self) -> bool:
+        """Whether the score is the success rate (the T-maze) rather than the POPGym-normalised return."""
+        return self.name.startswith("TMaze")
+
+    @property
+    def score_name(self) -> str:
+        """What the score is, for tables and axis labels."""
+        return "success rate" if self.is_tmaze else "POPGym-normalised return"
+
+    def score(self, returns: Sequence[float], successes: Sequence[bool]) -> float:
+        """Success rate (T-maze) or the POPGym-normalised mean return of evaluation episodes."""
+        if self.is_tmaze:
+            return float(np.mean(successes))
+        return popgym_normalized_score(self.name, float(np.mean(returns)))
+
+
+def _popgym(name: str, continuous: bool = False) -> Task:
+    return Task(name, f"amago-popgym-{name}-v0", 500_000, continuous)
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        _popgym("RepeatPreviousEasy"),
+        _popgym("RepeatFirstEasy"),
+        _popgym("CountRecallEasy"),
+        _popgym("AutoencodeEasy"),
+        _popgym("PositionOnlyCartPoleEasy"),
+        _popgym("PositionOnlyPendulumEasy", continuous=True),
+        Task("TMaze100", "amago-TMaze100-v0", 500_000),
+        Task("TMaze1000", "amago-TMaze1000-v0", 1_000_000),
+    )
+}
+
+#: (peer, continuous actions) -> (class, RL Zoo hyperparameter file, entry).
+PEERS: dict[tuple[str, bool], tuple[type[BaseAlgorithm], str, str]] = {
+    ("ppo_lstm", False): (RecurrentPPO, "ppo_lstm.yml", "CartPoleNoVel-v1"),
+    ("ppo_lstm", True): (RecurrentPPO, "ppo_lstm.yml", "PendulumNoVel-v1"),
+    ("memoryless", False): (DQN, "dqn.yml", "CartPole-v1"),
+    ("memoryless", True): (SAC, "sac.yml", "Pendulum-v1"),
+}
+
+#: What ``--quick`` runs unless ``--tasks``, ``--seeds``, ``--budget``... say otherwise.
+QUICK = {"tasks": ("RepeatFirstEasy", "RepeatPreviousEasy"), "seeds": 2, "budget": 10_000, "eval_episodes": 16, "evals": 5}
+#: The full run's defaults (budgets per task in :data:`TASKS`).
+FULL = {"tasks": tuple(TASKS), "seeds": 3, "eval_episodes": 32, "evals": 20}
+
+
+def algo_label(algo: str, task: Task) -> str:
+    """The algorithm's class name on this task (the memoryless peer is DQN or SAC)."""
+    if algo == "amago":
+        return AMAGO.__name__
+    return PEERS[(algo, task.continuous)][0].__name__
+
+
+# ----------------------------------------------------------------------------------------------
+# Hyperparameters
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSettings:
+    """How one algorithm is built for one task and budget."""
+
+    algo_class: type[BaseAlgorithm]
+    source: str
+    n_envs: int
+    normalize: bool
+    flatten: bool
+    kwargs: dict[str, Any]
+
+
+def read_entry(path: Path, entry: str) -> dict[str, Any]:
+    """One env's entry of an RL Zoo hyperparameter file (YAML merge keys resolved)."""
+    with open(path) as file:
+        return dict(yaml.safe_load(file)[entry])
+
+
+def run_settings(task: Task, algo: str, budget: int) -> RunSettings:
+    """The zoo entry of ``algo`` for ``task``, adapted to ``budget`` (see the module docstring)."""
+    if algo == "amago":
+        algo_class, path, entry, flatten = AMAGO, HYPERPARAMS_FILE, task.env_id, False
+    else:
+        algo_class, file_name, entry = PEERS[(algo, task.continuous)]
+        path, flatten = ZOO_HYPERPARAMS / file_name, True
+    source = f"{path.name}: {entry}"
+    hyperparams = read_entry(path, entry)
+    scale = min(1.0, budget / float(hyperparams.pop("n_timesteps")))
+    n_envs = int(hyperparams.pop("n_envs", 1))
+    normalize = bool(hyperparams.pop("normalize", False))
+    for key in BUDGET_SCALED_KEYS:
+        if key in hyperparams:
+            hyperparams[key] = int(hyperparams[key] * scale)
+    if "buffer_size" in hyperparams:
+        hyperparams["buffer_size"] = min(int(hyperparams["buffer_size"]), budget)
+    if isinstance(hyperparams.get("policy_kwargs"), str):
+        hyperparams["policy_kwargs"] = evaluate_expression("policy_kwargs", hyperparams["policy_kwargs"], source)
+    hyperparams = ExperimentManager._preprocess_schedules(hyperparams)
+    return RunSettings(algo_class, source, n_envs, normalize, flatten, hyperparams)
+
+
+def make_envs(task: Task, settings: RunSettings, n_envs: int, seed: int, training: bool) -> VecEnv:
+    """``n_envs`` seeded envs of the task, flattened and normalised as ``settings`` say."""
+    venv = make_vec_env(task.env_id, n_envs=n_envs, seed=seed, wrapper_class=FlattenObservation if settings.flatten else None)
+    if settings.normalize:
+        gamma = float(settings.kwargs.get("gamma", 0.99))
+        venv = VecNormalize(venv, gamma=gamma, training=training, norm_reward=training)
+    return venv
+
+
+# ----------------------------------------------------------------------------------------------
+# Training runs
+# ----------------------------------------------------------------------------------------------
+class RunKey(NamedTuple):
+    """What identifies a run in the CSV."""
+
+    task: str
+    algo: str
+    seed: int
+    budget: int
+
+
+def run_key(row: Row) -> RunKey:
+    """The run a CSV row belongs to."""
+    return RunKey(row["task"], row["algo"], row["seed"], row["budget"])
+
+
+class EvalRecorder(BaseCallback):
+    """Evaluates at the start, every ``eval_freq`` env steps below the budget, and at the end; hands
+    each row to ``on_row``. Training seconds exclude the time spent evaluating."""
+
+    def __init__(
+        self,
+        evaluate: Callable[[], tuple[float, float, float]],
+        eval_freq: int,
+        budget: int,
+        run_fields: Row,
+        on_row: Callable[[Row], None],
+    ) -> None:
+        super().__init__()
+        self.evaluate = evaluate
+        self.eval_freq = eval_freq
+        self.budget = budget
+        self.run_fields = run_fields
+        self.on_row = on_row
+        self.next_eval = eval_freq
+        self.start = 0.0
+        self.eval_seconds = 0.0
+
+    def _on_training_start(self) -> None:
+        self.start = time.perf_counter()
+        self._record(final=False)
+
+    def _on_step(self) -> bool:
+        if self.next_eval <= self.num_timesteps < self.budget:
+            self._record(final=False)
+            while self.next_eval <= self.num_timesteps:
+                self.next_eval += self.eval_freq
+        return True
+
+    def _on_training_end(self) -> None:
+        self._record(final=True)
+
+    def _record(self, final: bool) -> None:
+        began = time.perf_counter()
+        wall = began - self.start - self.eval_seconds
+        mean_return, std_return, score = self.evaluate()
+        self.eval_seconds += time.perf_counter() - began
+        self.on_row(
+            {
+                **self.run_fields,
+                "env_steps": self.num_timesteps,
+                "wall_s": wall,
+                "mean_return": mean_return,
+                "std_return": std_return,
+                "score": score,
+                "final": int(final),
+            }
+        )
+
+
+def evaluate_model(model: BaseAlgorithm, eval_env: VecEnv, task: Task, n_episodes: int) -> tuple[float, float, float]:
+    """Mean and std of the return of ``n_episodes`` deterministic episodes, and the task's score."""
+    successes: list[bool] = []
+
+    def record_success(locals_: dict[str, Any], _globals: dict[str, Any]) -> None:
+        if locals_["done"]:
+            successes.append(bool(locals_["info"].get("is_success", False)))
+
+    returns, _ = evaluate_policy(
+        model, eval_env, n_eval_episodes=n_episodes, deterministic=True, return_episode_rewards=True, callback=record_success
+    )
+    return float(np.mean(returns)), float(np.std(returns)), task.score(returns, successes)
+
+
+def train_run(key: RunKey, config: "Config") -> None:
+    """Train one (task, algo, seed) under its budget, appending evaluation rows to the CSV."""
+    task = TASKS[key.task]
+    settings = run_settings(task, key.algo, key.budget)
+    env = make_envs(task, settings, settings.n_envs, key.seed, training=True)
+    eval_env = make_envs(task, settings, min(EVAL_ENVS, config.eval_episodes), key.seed + EVAL_SEED_OFFSET, training=False)
+    model = settings.algo_class(env=env, seed=key.seed, device=config.device, verbose=0, **settings.kwargs)
+
+    def evaluate() -> tuple[float, float, float]:
+        if settings.normalize:
+            sync_envs_normalization(env, eval_env)
+        return evaluate_model(model, eval_env, task, config.eval_episodes)
+
+    def on_row(row: Row) -> None:
+        append_row(config.csv_path, row)
+        print(
+            f"    {row['env_steps']:>10,} steps  score {row['score']:.3f}  return {row['mean_return']:.3f}  "
+            f"train {row['wall_s']:,.0f} s",
+            flush=True,
+        )
+
+    recorder = EvalRecorder(evaluate, max(1, key.budget // config.evals), key.budget, key._asdict(), on_row)
+    model.learn(key.budget, callback=recorder)
+    env.close()
+    eval_env.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV
+# ----------------------------------------------------------------------------------------------
+def read_rows(path: Path) -> list[Row]:
+    """The CSV's rows with typed values (none if the file does not exist)."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as file:
+        return [{key: FIELDS[key](value) for key, value in row.items()} for row in csv.DictReader(file)]
+
+
+def write_rows(path: Path, rows: Sequence[Row]) -> None:
+    """Replace the CSV with ``rows`` (through a temporary file, so a crash leaves the old one)."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(FIELDS))
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def append_row(path: Path, row: Row) -> None:
+    """Append one row, with the header if the file is new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, "a", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(FIELDS))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def finished_runs(rows: Sequence[Row]) -> set[RunKey]:
+    """Runs with a final row."""
+    return {run_key(row) for row in rows if row["final"]}
+
+
+def drop_unfinished(path: Path) -> set[RunKey]:
+    """Remove the rows of runs without a final row (interrupted runs); return the finished runs."""
+    rows = read_rows(path)
+    finished = finished_runs(rows)
+    kept = [row for row in rows if run_key(row) in finished]
+    if len(kept) < len(rows):
+        write_rows(path, kept)
+    return finished
+
+
+# ----------------------------------------------------------------------------------------------
+# Configuration and the run loop
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """What to run and where results go."""
+
+    tasks: tuple[Task, ...]
+    algos: tuple[str, ...]
+    seeds: tuple[int, ...]
+    budgets: dict[str, int]
+    eval_episodes: int
+    evals: int
+    threads: int
+    device: str
+    out_dir: Path
+    prefix: str
+    report_only: bool
+
+    @property
+    def csv_path(self) -> Path:
+        """Where evaluation rows are appended."""
+        return self.out_dir / f"{self.prefix}_curves.csv"
+
+    def run_keys(self) -> list[RunKey]:
+        """Every run, task by task, algorithm by algorithm, seed by seed."""
+        return [
+            RunKey(task.name, algo, seed, self.budgets[task.name])
+            for task in self.tasks
+            for algo in self.algos
+            for seed in self.seeds
+        ]
+
+
+def parse_config(argv: Sequence[str] | None = None) -> Config:
+    """Command-line options -> :class:`Config` (``--quick`` changes the defaults, see :data:`QUICK`)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help=f"small run for a 2-core machine: {QUICK}")
+    parser.add_argument(
+        "--tasks", nargs="+", choices=list(TASKS), help=f"tasks (default: all; quick: {' '.join(QUICK['tasks'])})"
+    )
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    parser.add_argument("--seeds", type=int, help="number of seeds, 0 .. n-1 (default 3; quick 2)")
+    parser.add_argument("--budget", type=int, help="env steps per run for every task (default: per task; quick 12,000)")
+    parser.add_argument("--eval-episodes", type=int, help="episodes per evaluation (default 32; quick 16)")
+    parser.add_argument("--evals", type=int, help="evaluations per run besides the first and last (default 20; quick 6)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="torch device of every model (default cpu)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--report-only", action="store_true", help="write the report from the CSV, train nothing")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else FULL
+    tasks = tuple(TASKS[name] for name in (args.tasks or defaults["tasks"]))
+    budget = args.budget or defaults.get("budget")
+    return Config(
+        tasks=tasks,
+        algos=tuple(args.algos),
+        seeds=tuple(range(args.seeds or defaults["seeds"])),
+        budgets={task.name: budget or task.budget for task in tasks},
+        eval_episodes=args.eval_episodes or defaults["eval_episodes"],
+        evals=args.evals or defaults["evals"],
+        threads=args.threads,
+        device=args.device,
+        out_dir=args.out_dir,
+        prefix="learning_quick" if args.quick else "learning",
+        report_only=args.report_only,
+    )
+
+
+def run_all(config: Config) -> None:
+    """Train every run the CSV does not hold yet, one after the other."""
+    finished = drop_unfinished(config.csv_path)
+    keys = config.run_keys()
+    todo = [key for key in keys if key not in finished]
+    print(f"{len(keys) - len(todo)} of {len(keys)} runs already in {config.csv_path}; {len(todo)} to go", flush=True)
+    for number, key in enumerate(todo, 1):
+        label = algo_label(key.algo, TASKS[key.task])
+        print(f"[{number}/{len(todo)}] {key.task} {label} seed {key.seed}: {key.budget:,} env steps", flush=True)
+        train_run(key, config)
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Curve:
+    """Evaluation points of one run, or the mean (and std) over seeds at the points they share."""
+
+    steps: np.ndarray
+    wall_s: np.ndarray
+    score: np.ndarray
+    score_std: np.ndarray
+
+
+def run_curve(rows: Sequence[Row]) -> Curve:
+    """One run's rows as a curve (zero spread)."""
+    rows = sorted(rows, key=lambda row: row["env_steps"])
+    score = np.array([row["score"] for row in rows], dtype=float)
+    return Curve(
+        np.array([row["env_steps"] for row in rows]), np.array([row["wall_s"] for row in rows]), score, np.zeros_like(score)
+    )
+
+
+def mean_curve(curves: Sequence[Curve]) -> Curve:
+    """Mean over runs of the score and the training seconds at the env steps every run evaluated at;
+    the std of the score across runs."""
+    shared = sorted(set.intersection(*(set(curve.steps.tolist()) for curve in curves)))
+    picked = [[int(np.flatnonzero(curve.steps == step)[0]) for step in shared] for curve in curves]
+    scores = np.array([curve.score[index] for curve, index in zip(curves, picked)])
+    walls = np.array([curve.wall_s[index] for curve, index in zip(curves, picked)])
+    return Curve(np.array(shared), walls.mean(axis=0), scores.mean(axis=0), scores.std(axis=0))
+
+
+def steps_to_threshold(curve: Curve, threshold: float = THRESHOLD) -> tuple[int, float] | None:
+    """Env steps and training seconds of the first evaluation at or above ``threshold``, or None."""
+    reached = np.flatnonzero(curve.score >= threshold)
+    if reached.size == 0:
+        return None
+    return int(curve.steps[reached[0]]), float(curve.wall_s[reached[0]])
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One (task, algorithm) over its finished seeds."""
+
+    task: Task
+    algo: str
+    n_seeds: int
+    final_mean: float
+    final_std: float
+    crossing: tuple[int, float] | None
+    seeds_reaching: int
+    curve: Curve
+
+    @property
+    def label(self) -> str:
+        """The algorithm's class name (DQN or SAC for the memoryless peer)."""
+        return algo_label(self.algo, self.task)
+
+
+def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
+    """Summaries of the finished runs of the configured tasks, algorithms, seeds and budgets."""
+    wanted = set(config.run_keys())
+    runs: dict[RunKey, list[Row]] = {}
+    for row in rows:
+        if run_key(row) in wanted:
+            runs.setdefault(run_key(row), []).append(row)
+    finished = finished_runs(rows)
+    summaries = []
+    for task in config.tasks:
+        for algo in config.algos:
+            curves = [
+                run_curve(runs[key]) for key in sorted(runs) if key in finished and (key.task, key.algo) == (task.name, algo)
+            ]
+            if not curves:
+                continue
+            finals = [curve.score[-1] for curve in curves]
+            mean = mean_curve(curves)
+            summaries.append(
+                Summary(
+                    task=task,
+                    algo=algo,
+                    n_seeds=len(curves),
+                    final_mean=float(np.mean(finals)),
+                    final_std=float(np.std(finals)),
+                    crossing=steps_to_threshold(mean),
+                    seeds_reaching=sum(steps_to_threshold(curve) is not None for curve in curves),
+                    curve=mean,
+                )
+            )
+    return summaries
+
+
+def markdown_table(summaries: Sequence[Summary]) -> str:
+    """One row per task and algorithm: final score, steps and seconds to :data:`THRESHOLD`."""
+    lines = [
+        (
+            f"| task | algorithm | seeds | final score (mean ± std) | env steps to {THRESHOLD} | training s to {THRESHOLD} "
+            f"| seeds reaching {THRESHOLD} |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        steps, wall = (f"{s.crossing[0]:,}", f"{s.crossing[1]:,.0f}") if s.crossing else ("not reached", "not reached")
+        lines.append(
+            f"| {s.task.name} | {s.label} | {s.n_seeds} | {s.final_mean:.3f} ± {s.final_std:.3f} | {steps} | {wall} "
+            f"| {s.seeds_reaching}/{s.n_seeds} |"
+        )
+    return "\n".join(lines)
+
+
+def hyperparameter_sources(config: Config) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{task: {algo: class, source entry, n_envs, VecNormalize, keyword arguments}}`` as run."""
+    sources: dict[str, dict[str, dict[str, Any]]] = {}
+    for task in config.tasks:
+        for algo in config.algos:
+            settings = run_settings(task, algo, config.budgets[task.name])
+            sources.setdefault(task.name, {})[algo] = {
+                "class": settings.algo_class.__name__,
+                "source": settings.source,
+                "n_envs": settings.n_envs,
+                "vec_normalize": settings.normalize,
+                "flatten_observation": settings.flatten,
+                "kwargs": {key: str(value) for key, value in settings.kwargs.items()},
+            }
+    return sources
+
+
+def plot_task(task: Task, summaries: Sequence[Summary], path: Path) -> None:
+    """Mean score over seeds against env steps, one line per algorithm, shaded +- one std."""
+    fig = Figure(figsize=(6, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for s in summaries:
+        curve = s.curve
+        ax.plot(curve.steps, curve.score, label=f"{s.label} (n = {s.n_seeds})")
+        ax.fill_between(curve.steps, curve.score - curve.score_std, curve.score + curve.score_std, alpha=0.2)
+    ax.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=1)
+    ax.set_title(f"{task.name} ({task.env_id})")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(task.score_name)
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_report(config: Config) -> list[Summary]:
+    """``<prefix>.md`` (table), ``<prefix>.json`` (config, figures with units, metadata) and one PNG per task."""
+    summaries = summarize(read_rows(config.csv_path), config)
+    meta = run_metadata()
+    sources = hyperparameter_sources(config)
+    figures: dict[str, dict[str, Any]] = {}
+    for s in summaries:
+        name = f"{s.task.name} {s.label}"
+        figures[f"{name} final score"] = {
+            "value": s.final_mean,
+            "std": s.final_std,
+            "n_seeds": s.n_seeds,
+            "unit": s.task.score_name,
+        }
+        figures[f"{name} env steps to {THRESHOLD}"] = {
+            "value": s.crossing[0] if s.crossing else None,
+            "unit": "env steps (mean over seeds)",
+        }
+        figures[f"{name} training time to {THRESHOLD}"] = {
+            "value": s.crossing[1] if s.crossing else None,
+            "unit": f"s of training, evaluation excluded, {config.threads} torch thread(s)",
+        }
+        figures[f"{name} seeds reaching {THRESHOLD}"] = {"value": s.seeds_reaching, "unit": f"seeds of {s.n_seeds}"}
+    run_config = {
+        "tasks": {task.name: {"env_id": task.env_id, "budget": config.budgets[task.name]} for task in config.tasks},
+        "algos": list(config.algos),
+        "seeds": list(config.seeds),
+        "eval_episodes": config.eval_episodes,
+        "evals_per_run": config.evals,
+        "threshold": THRESHOLD,
+        "device": config.device,
+        "hyperparameters": sources,
+    }
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    (config.out_dir / f"{config.prefix}.json").write_text(
+        json.dumps({"config": run_config, "figures": figures, **meta}, indent=2) + "\n"
+    )
+    source_lines = [
+        f"| {task} | {algo_sources[algo]['class']} | {algo_sources[algo]['source']} |"
+        for task, algo_sources in sources.items()
+        for algo in config.algos
+    ]
+    lines = [
+        f"# {config.prefix}",
+        "",
+        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} threads, {meta['cpu_model']}, {meta['date']}.",
+        "",
+        (
+            f"Score: POPGym-normalised return (POPGym tasks) or success rate (T-maze) of {config.eval_episodes} deterministic "
+            f"episodes; final score at the end of each run's budget; steps and training seconds (evaluation excluded) where "
+            f"the mean over seeds first reaches {THRESHOLD}."
+        ),
+        "",
+        markdown_table(summaries),
+        "",
+        "Hyperparameters (adapted to the budget as `benchmarks/learning.py` describes):",
+        "",
+        "| task | algorithm | entry |",
+        "|---|---|---|",
+        *source_lines,
+    ]
+    (config.out_dir / f"{config.prefix}.md").write_text("\n".join(lines) + "\n")
+    for task in config.tasks:
+        task_summaries = [s for s in summaries if s.task == task]
+        if task_summaries:
+            plot_task(task, task_summaries, config.out_dir / f"{config.prefix}_{task.name}.png")
+    print(f"report: {config.out_dir / config.prefix}.md, .json and {len({s.task for s in summaries})} plots", flush=True)
+    return summaries
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_config(argv)
+    th.set_num_threads(config.threads)
+    if not config.report_only:
+        run_all(config)
+    write_report(config)
+
+
+if __name__ == "__main__":
+    main()

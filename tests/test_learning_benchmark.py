@@ -1,0 +1,115 @@
+"""The pure parts of benchmarks/learning.py: resuming, steps to the threshold, the report. No training."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import learning  # noqa: E402
+
+
+def make_rows(task: str, algo: str, seed: int, budget: int, scores: list[float], finished: bool = True) -> list[learning.Row]:
+    """Evaluation rows of one run at steps 0, 100, 200, ... with 10 training seconds per 100 steps."""
+    return [
+        {
+            "task": task,
+            "algo": algo,
+            "seed": seed,
+            "budget": budget,
+            "env_steps": 100 * i,
+            "wall_s": 10.0 * i,
+            "mean_return": 2 * score - 1,
+            "std_return": 0.0,
+            "score": score,
+            "final": int(finished and i == len(scores) - 1),
+        }
+        for i, score in enumerate(scores)
+    ]
+
+
+def quick_config(tmp_path: Path, *extra: str) -> learning.Config:
+    return learning.parse_config(["--quick", "--out-dir", str(tmp_path), *extra])
+
+
+def test_resume_skips_finished_runs_and_drops_interrupted_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = quick_config(tmp_path, "--tasks", "RepeatFirstEasy", "--algos", "amago", "ppo_lstm", "--budget", "300")
+    done = make_rows("RepeatFirstEasy", "amago", 0, 300, [0.2, 0.5])
+    interrupted = make_rows("RepeatFirstEasy", "amago", 1, 300, [0.1], finished=False)
+    other_budget = make_rows("RepeatFirstEasy", "ppo_lstm", 0, 999, [0.3, 0.4])
+    learning.write_rows(config.csv_path, done + interrupted + other_budget)
+    trained: list[learning.RunKey] = []
+    monkeypatch.setattr(learning, "train_run", lambda key, _config: trained.append(key))
+
+    learning.run_all(config)
+
+    assert trained == [
+        learning.RunKey("RepeatFirstEasy", "amago", 1, 300),
+        learning.RunKey("RepeatFirstEasy", "ppo_lstm", 0, 300),
+        learning.RunKey("RepeatFirstEasy", "ppo_lstm", 1, 300),
+    ]
+    assert learning.read_rows(config.csv_path) == done + other_budget  # the interrupted run's row is gone
+
+
+def test_append_row_writes_the_header_once(tmp_path: Path) -> None:
+    path = tmp_path / "curves.csv"
+    rows = make_rows("TMaze100", "memoryless", 2, 500, [0.0, 1.0])
+    for row in rows:
+        learning.append_row(path, row)
+    assert learning.read_rows(path) == rows
+    assert path.read_text().count("task,algo") == 1
+
+
+def test_steps_to_threshold() -> None:
+    curve = learning.run_curve(make_rows("TMaze100", "amago", 0, 500, [0.1, 0.89, 0.95, 0.5, 1.0]))
+    assert learning.steps_to_threshold(curve) == (200, 20.0)  # the first evaluation at or above 0.9
+    assert learning.steps_to_threshold(curve, threshold=0.96) == (400, 40.0)
+    assert learning.steps_to_threshold(curve, threshold=1.01) is None
+
+
+def test_mean_curve_uses_the_steps_all_seeds_share() -> None:
+    short = learning.run_curve(make_rows("TMaze100", "amago", 0, 500, [0.2, 0.8]))
+    long = learning.run_curve(make_rows("TMaze100", "amago", 1, 500, [0.4, 1.0, 1.0]))
+    mean = learning.mean_curve([short, long])
+    np.testing.assert_array_equal(mean.steps, [0, 100])
+    np.testing.assert_allclose(mean.score, [0.3, 0.9])
+    np.testing.assert_allclose(mean.score_std, [0.1, 0.1])
+    assert learning.steps_to_threshold(mean) == (100, 10.0)
+
+
+def test_report_table_from_a_hand_made_csv(tmp_path: Path) -> None:
+    config = quick_config(tmp_path, "--tasks", "RepeatFirstEasy", "--budget", "300")
+    rows = (
+        make_rows("RepeatFirstEasy", "amago", 0, 300, [0.5, 0.9, 1.0])
+        + make_rows("RepeatFirstEasy", "amago", 1, 300, [0.5, 0.7, 0.8])
+        + make_rows("RepeatFirstEasy", "ppo_lstm", 0, 300, [0.5, 0.6, 0.5])
+        + make_rows("RepeatFirstEasy", "ppo_lstm", 1, 300, [0.5], finished=False)  # unfinished: left out
+        + make_rows("RepeatFirstEasy", "memoryless", 5, 300, [1.0])  # a seed not configured: left out
+    )
+    learning.write_rows(config.csv_path, rows)
+
+    summaries = learning.summarize(learning.read_rows(config.csv_path), config)
+
+    assert [(s.label, s.n_seeds) for s in summaries] == [("AMAGO", 2), ("RecurrentPPO", 1)]
+    table = learning.markdown_table(summaries).splitlines()
+    assert table[2] == "| RepeatFirstEasy | AMAGO | 2 | 0.900 ± 0.100 | 200 | 20 | 1/2 |"
+    assert table[3] == "| RepeatFirstEasy | RecurrentPPO | 1 | 0.500 ± 0.000 | not reached | not reached | 0/1 |"
+
+
+def test_write_report_files(tmp_path: Path) -> None:
+    config = quick_config(tmp_path, "--tasks", "TMaze100", "--algos", "amago", "memoryless", "--budget", "300")
+    learning.write_rows(
+        config.csv_path,
+        make_rows("TMaze100", "amago", 0, 300, [0.0, 1.0]) + make_rows("TMaze100", "memoryless", 0, 300, [0.5, 0.5]),
+    )
+
+    learning.write_report(config)
+
+    report = (tmp_path / "learning_quick.md").read_text()
+    assert "| TMaze100 | DQN | 1 | 0.500 ± 0.000 | not reached | not reached | 0/1 |" in report
+    assert "| TMaze100 | AMAGO | amago.yml: amago-TMaze100-v0 |" in report
+    figures = json.loads((tmp_path / "learning_quick.json").read_text())["figures"]
+    assert figures["TMaze100 AMAGO env steps to 0.9"] == {"value": 100, "unit": "env steps (mean over seeds)"}
+    assert (tmp_path / "learning_quick_TMaze100.png").stat().st_size > 0

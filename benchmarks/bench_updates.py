@@ -61,8 +61,9 @@ def make_model(n_envs: int, max_seq_len: int, buffer_size: int) -> AMAGO:
     )
 
 
-def updates_per_second(max_seq_len: int, n_updates: int) -> float:
+def updates_per_second(max_seq_len: int, n_updates: int, mixed_precision: bool = False) -> float:
     model = make_model(n_envs=4, max_seq_len=max_seq_len, buffer_size=50_000)
+    model.mixed_precision = mixed_precision
     model.learn(4 * (max_seq_len + 64))
     model.train(gradient_steps=2, batch_size=8)  # warm-up
     start = time.perf_counter()
@@ -117,6 +118,9 @@ def main() -> None:
             "ratio_vs_original": ups / REFERENCE_UPDATES_PER_S[length],
         }
         print(f"L={length}: {ups:.2f} updates/s")
+        bf16 = updates_per_second(length, n, mixed_precision=True)
+        figures[f"updates_per_s_L{length}_bf16_autocast"] = {"value": bf16, "unit": "updates/s", "ratio_vs_fp32": bf16 / ups}
+        print(f"L={length} bf16 autocast: {bf16:.2f} updates/s")
     coll = collection(n_envs=16, steps=20 if args.quick else 200)
     figures["collect_env_steps_per_s_16_envs"] = {"value": coll["env_steps_per_s"], "unit": "env steps/s"}
     figures["predict_latency_16_envs"] = {"value": coll["predict_ms_16_envs_median"], "unit": "ms per call (median)"}

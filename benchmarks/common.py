@@ -34,21 +34,30 @@ def run_metadata() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, config: dict[str, Any], figures: dict[str, dict[str, Any]], out_dir: Path = RESULTS_DIR) -> None:
-    """``<name>.json`` (config, figures with units, metadata) and a ``<name>.md`` table.
-
-    :param figures: ``{figure name: {"value": number, "unit": str, ...more fields}}``
-    """
-    meta = run_metadata()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps({"config": config, "figures": figures, **meta}, indent=2) + "\n")
+def markdown(name: str, payload: dict[str, Any]) -> str:
+    """The people's table of a result payload (as written to ``<name>.json``); fields of a figure
+    beyond value and unit (ratios, references) go in its last column."""
     lines = [
         f"# {name}",
         "",
-        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} threads, {meta['cpu_model']}, {meta['date']}.",
+        f"`{payload['command']}`; torch {payload['torch_version']}, {payload['threads']} threads, "
+        f"{payload['cpu_model']}, {payload['date']}.",
         "",
-        "| figure | value | unit |",
-        "|---|---|---|",
+        "| figure | value | unit | details |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {key} | {fig['value']:.4g} | {fig['unit']} |" for key, fig in figures.items()]
-    (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
+    for key, fig in payload["figures"].items():
+        details = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in fig.items() if k not in ("value", "unit"))
+        lines.append(f"| {key} | {fig['value']:.4g} | {fig['unit']} | {details} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(name: str, config: dict[str, Any], figures: dict[str, dict[str, Any]], out_dir: Path = RESULTS_DIR) -> None:
+    """``<name>.json`` (config, figures with units, metadata) and ``<name>.md`` (:func:`markdown`).
+
+    :param figures: ``{figure name: {"value": number, "unit": str, ...more fields}}``
+    """
+    payload = {"config": config, "figures": figures, **run_metadata()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out_dir / f"{name}.md").write_text(markdown(name, payload))

@@ -157,7 +157,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.n_target_critics = n_target_critics
         self.filter_kind = filter_kind
         self.filter_beta = filter_beta
-        self.loss_config  # validates the loss settings now
+        _ = self.loss_config  # building it validates the loss settings now, not at the first update
         self.max_grad_norm = max_grad_norm
         self.warmup_steps = warmup_steps
         self.epsilon_start = epsilon_start

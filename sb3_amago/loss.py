@@ -5,8 +5,8 @@ Shapes: ``B`` windows of ``L + 1`` steps; the loss lives on the first ``L`` posi
 bootstraps from the next one. ``C`` critics, ``G`` discount factors (main gamma last).
 """
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch as th

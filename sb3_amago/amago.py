@@ -20,6 +20,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.loss import LossConfig, amago_loss
+from sb3_amago.nets.heads import action_nvec
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.wrappers import PREV_REWARD_KEY
 
@@ -285,8 +286,7 @@ class AMAGO(OffPolicyAlgorithm):
         eps = eps.unsqueeze(-1)
         if isinstance(self.action_space, spaces.Box):
             return (action + eps * th.randn_like(action)).clamp(-1.0, 1.0)
-        nvec = [int(self.action_space.n)] if isinstance(self.action_space, spaces.Discrete) else list(self.action_space.nvec)
-        high = th.as_tensor(nvec, dtype=action.dtype, device=action.device)
+        high = th.as_tensor(action_nvec(self.action_space), dtype=action.dtype, device=action.device)
         random_action = th.floor(th.rand_like(action) * high)
         return th.where(th.rand_like(action) < eps, random_action, action)
 
@@ -297,7 +297,7 @@ class AMAGO(OffPolicyAlgorithm):
         ``learning_starts``, else from the main-gamma policy with exploration."""
         assert self._collect_state is not None and self._last_obs is not None
         policy = self.policy
-        obs = policy.obs_to_buffer_layout(policy.obs_to_tensor(policy.prepare_observation(self._last_obs))[0])
+        obs, _ = policy.env_obs_to_tensor(self._last_obs)
         with th.no_grad():
             actor_out, state = policy.observe(obs, self._collect_state)
             if self.num_timesteps < learning_starts:

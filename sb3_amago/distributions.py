@@ -14,19 +14,15 @@ import torch as th
 from gymnasium import spaces
 from torch.nn import functional as F
 
+from sb3_amago.nets.heads import action_nvec
+
 ATANH_EPS = 1e-6
-
-
-def _nvec(space: spaces.Space) -> list[int]:
-    if isinstance(space, spaces.Discrete):
-        return [int(space.n)]
-    return [int(n) for n in space.nvec]
 
 
 def one_hot_actions(buffer_action: th.Tensor, space: spaces.Space) -> th.Tensor:
     """Discrete / MultiDiscrete indices ``(..., d)`` -> concatenated one-hots ``(..., sum(nvec))``."""
     idx = buffer_action.long()
-    return th.cat([F.one_hot(idx[..., i], n).to(buffer_action.dtype) for i, n in enumerate(_nvec(space))], dim=-1)
+    return th.cat([F.one_hot(idx[..., i], n).to(buffer_action.dtype) for i, n in enumerate(action_nvec(space))], dim=-1)
 
 
 def critic_action_input(buffer_action: th.Tensor, space: spaces.Space, n_gammas: int) -> th.Tensor:
@@ -47,7 +43,7 @@ def sample_policy_action(actor_out: Any, space: spaces.Space) -> th.Tensor:
     if isinstance(space, spaces.Discrete):
         return actor_out
     parts = []
-    for probs in actor_out.split(_nvec(space), dim=-1):
+    for probs in actor_out.split(action_nvec(space), dim=-1):
         flat = probs.reshape(-1, probs.shape[-1])
         sample = F.one_hot(th.multinomial(flat, 1).squeeze(-1), probs.shape[-1]).view_as(probs).to(probs.dtype)
         parts.append(sample + probs - probs.detach())

@@ -17,7 +17,7 @@ from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
 from sb3_amago.nets import make_traj_encoder
-from sb3_amago.nets.heads import ActorHead, CriticEnsemble
+from sb3_amago.nets.heads import ActorHead, CriticEnsemble, action_nvec
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
@@ -226,9 +226,8 @@ class TransformerPolicy(BasePolicy):
             if deterministic:
                 return th.tanh(mean)
             return th.tanh(mean + log_std.exp() * th.randn_like(mean))
-        nvec = [int(self.action_space.n)] if isinstance(self.action_space, spaces.Discrete) else list(self.action_space.nvec)
         picks = []
-        for probs in actor_out.split(nvec, dim=-1):
+        for probs in actor_out.split(action_nvec(self.action_space), dim=-1):
             picks.append(probs.argmax(-1) if deterministic else th.multinomial(probs, 1).squeeze(-1))
         return th.stack(picks, dim=-1).float()
 
@@ -272,6 +271,13 @@ class TransformerPolicy(BasePolicy):
             return {k: v.reshape(v.shape[0], *get_obs_shape(self.observation_space[k])) for k, v in obs.items()}
         return obs.reshape(obs.shape[0], *get_obs_shape(self.observation_space))
 
+    def env_obs_to_tensor(self, observation: Any) -> tuple[TensorObs, bool]:
+        """Raw env observations -> finite tensors in the buffer layout, and whether they were batched."""
+        obs_tensor, vectorized = self.obs_to_tensor(self.prepare_observation(observation))
+        obs_tensor = self.obs_to_buffer_layout(obs_tensor)
+        check_finite_obs(obs_tensor)
+        return obs_tensor, vectorized
+
     def predict(  # type: ignore[override]
         self,
         observation: np.ndarray | dict[str, np.ndarray],
@@ -293,11 +299,8 @@ class TransformerPolicy(BasePolicy):
                 "predict() got an (observation, info) tuple: you are probably mixing Gym API with SB3 VecEnv API "
                 "(`obs, info = env.reset()` for a gymnasium env vs `obs = vec_env.reset()` for a VecEnv)."
             )
-        observation = self.prepare_observation(observation)
-        obs_tensor, vectorized = self.obs_to_tensor(observation)
-        obs_tensor = self.obs_to_buffer_layout(obs_tensor)
-        check_finite_obs(obs_tensor)
-        n_envs = next(iter(obs_tensor.values())).shape[0] if isinstance(obs_tensor, dict) else obs_tensor.shape[0]
+        obs_tensor, vectorized = self.env_obs_to_tensor(observation)
+        n_envs = batch_size(obs_tensor)
         if state is None:
             state = self.initial_state(n_envs)
         elif not isinstance(state, AmagoState) or state.n_envs != n_envs:
@@ -319,9 +322,13 @@ class TransformerPolicy(BasePolicy):
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         """Action for a first observation with no context (SB3's stateless interface)."""
         obs = self.obs_to_buffer_layout(observation)
-        n_envs = next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
-        actor_out, _ = self.observe(obs, self.initial_state(n_envs))
+        actor_out, _ = self.observe(obs, self.initial_state(batch_size(obs)))
         return self.select_action(actor_out, deterministic)
+
+
+def batch_size(obs: TensorObs) -> int:
+    """Leading (env) dimension of an observation tensor or dict of tensors."""
+    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
 
 
 def check_finite_obs(obs: TensorObs) -> None:

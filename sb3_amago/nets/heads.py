@@ -63,6 +63,13 @@ def action_size(action_space: spaces.Space) -> int:
     )
 
 
+def action_nvec(action_space: spaces.Space) -> list[int]:
+    """Number of choices of each sub-action: ``[n]`` for Discrete, ``nvec`` for MultiDiscrete."""
+    if isinstance(action_space, spaces.Discrete):
+        return [int(action_space.n)]
+    return [int(n) for n in np.asarray(action_space.nvec).reshape(-1)]
+
+
 def clamp_probs(probs: th.Tensor) -> th.Tensor:
     """Clamp probabilities to [0.001, 0.99] along the last axis and renormalise."""
     probs = probs.clamp(PROB_MIN, PROB_MAX)
@@ -86,7 +93,7 @@ class ActorHead(nn.Module):
         self.continuous = isinstance(action_space, spaces.Box)
         out = n_gammas * self.action_dim * (2 if self.continuous else 1)
         self.net = mlp(state_dim, hidden, out)
-        self.nvec = tuple(int(n) for n in action_space.nvec) if isinstance(action_space, spaces.MultiDiscrete) else None
+        self.nvec = action_nvec(action_space) if isinstance(action_space, spaces.MultiDiscrete) else None
 
     def forward(self, state: th.Tensor) -> th.Tensor | tuple[th.Tensor, th.Tensor]:
         out = self.net(state)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY
+from sb3_amago.nets.heads import action_nvec
 from sb3_amago.nets.obs_extractors import SINGLE_KEY, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
@@ -203,10 +204,9 @@ class TimestepEncoder(nn.Module):
         if isinstance(self.action_space, spaces.Box):
             encoded = prev_actions.float()
         else:
-            nvec = [int(self.action_space.n)] if isinstance(self.action_space, spaces.Discrete) else self.action_space.nvec
             indices = prev_actions.long()  # (B, L, n_dims)
             encoded = th.cat(
-                [F.one_hot(indices[..., i].clamp(0, int(n) - 1), int(n)) for i, n in enumerate(nvec)], dim=-1
+                [F.one_hot(indices[..., i].clamp(0, n - 1), n) for i, n in enumerate(action_nvec(self.action_space))], dim=-1
             ).float()
         return th.cat([encoded.masked_fill(first, 0.0), first.float()], dim=-1)
 

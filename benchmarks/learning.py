@@ -87,6 +87,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import rl_zoo3
 import torch as th
@@ -96,6 +97,7 @@ from gymnasium.wrappers import FlattenObservation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from rl_zoo3.exp_manager import ExperimentManager
+from rl_zoo3.utils import get_wrapper_class
 from sb3_contrib import RecurrentPPO
 from stable_baselines3 import DQN, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -214,6 +216,7 @@ class RunSettings:
     normalize: bool
     flatten: bool
     kwargs: dict[str, Any]
+    env_wrapper: Callable[[gym.Env], gym.Env] | None = None
 
 
 def read_entry(path: Path, entry: str) -> dict[str, Any]:
@@ -234,6 +237,8 @@ def run_settings(task: Task, algo: str, budget: int) -> RunSettings:
     scale = min(1.0, budget / float(hyperparams.pop("n_timesteps")))
     n_envs = int(hyperparams.pop("n_envs", 1))
     normalize = bool(hyperparams.pop("normalize", False))
+    env_wrapper = get_wrapper_class(hyperparams)
+    hyperparams.pop("env_wrapper", None)
     for key in BUDGET_SCALED_KEYS:
         if key in hyperparams:
             hyperparams[key] = int(hyperparams[key] * scale)
@@ -242,12 +247,20 @@ def run_settings(task: Task, algo: str, budget: int) -> RunSettings:
     if isinstance(hyperparams.get("policy_kwargs"), str):
         hyperparams["policy_kwargs"] = evaluate_expression("policy_kwargs", hyperparams["policy_kwargs"], source)
     hyperparams = ExperimentManager._preprocess_schedules(hyperparams)
-    return RunSettings(algo_class, source, n_envs, normalize, flatten, hyperparams)
+    return RunSettings(algo_class, source, n_envs, normalize, flatten, hyperparams, env_wrapper)
 
 
 def make_envs(task: Task, settings: RunSettings, n_envs: int, seed: int, training: bool) -> VecEnv:
-    """``n_envs`` seeded envs of the task, flattened and normalised as ``settings`` say."""
-    venv = make_vec_env(task.env_id, n_envs=n_envs, seed=seed, wrapper_class=FlattenObservation if settings.flatten else None)
+    """``n_envs`` seeded envs of the task, wrapped (the entry's ``env_wrapper``), flattened and
+    normalised as ``settings`` say."""
+    wrappers = [w for w in (settings.env_wrapper, FlattenObservation if settings.flatten else None) if w is not None]
+
+    def wrap(env: gym.Env) -> gym.Env:
+        for wrapper in wrappers:
+            env = wrapper(env)
+        return env
+
+    venv = make_vec_env(task.env_id, n_envs=n_envs, seed=seed, wrapper_class=wrap)
     if settings.normalize:
         gamma = float(settings.kwargs.get("gamma", 0.99))
         venv = VecNormalize(venv, gamma=gamma, training=training, norm_reward=training)

@@ -63,6 +63,8 @@ class TransformerPolicy(BasePolicy):
         ``critic_hidden``)
     :param actor_hidden: hidden sizes of the actor MLP (default ``(256, 256)``)
     :param critic_hidden: hidden sizes of each critic MLP (default ``(256, 256)``)
+    :param popart_kwargs: options of :class:`sb3_amago.nets.popart.PopArt` (``beta``, ``init_nu``,
+        ``trainable``, ``bias_correction``)
     :param optimizer_class: optimizer of all online parameters (one optimizer, one loss)
     :param optimizer_kwargs: its keyword arguments (default ``weight_decay=1e-3``)
     """
@@ -84,6 +86,7 @@ class TransformerPolicy(BasePolicy):
         net_arch: list[int] | dict[str, list[int]] | None = None,
         actor_hidden: tuple[int, ...] | None = None,
         critic_hidden: tuple[int, ...] | None = None,
+        popart_kwargs: dict[str, Any] | None = None,
         optimizer_class: type[th.optim.Optimizer] = th.optim.AdamW,
         optimizer_kwargs: dict[str, Any] | None = None,
         normalize_images: bool = True,
@@ -110,6 +113,7 @@ class TransformerPolicy(BasePolicy):
         self.d_embed = d_embed
         self.timestep_encoder_kwargs = dict(timestep_encoder_kwargs or {})
         self.actor_hidden, self.critic_hidden = head_sizes(net_arch, actor_hidden, critic_hidden)
+        self.popart_kwargs = dict(popart_kwargs or {})
         self.buffer_action_dim = get_action_dim(action_space)
         self._build(lr_schedule)
 
@@ -131,7 +135,7 @@ class TransformerPolicy(BasePolicy):
         n_gammas = len(self.gammas)
         self.actor = ActorHead(state_dim, self.action_space, n_gammas, self.actor_hidden)
         self.critics = CriticEnsemble(state_dim, self.action_space, th.tensor(self.gammas), self.n_critics, self.critic_hidden)
-        self.popart = PopArt(n_gammas)
+        self.popart = PopArt(n_gammas, **self.popart_kwargs)
         self.register_buffer("gamma_values", th.tensor(self.gammas, dtype=th.float32))
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
@@ -164,6 +168,7 @@ class TransformerPolicy(BasePolicy):
             features_extractor_kwargs=self.features_extractor_kwargs,
             actor_hidden=self.actor_hidden,
             critic_hidden=self.critic_hidden,
+            popart_kwargs=self.popart_kwargs,
         )
         return data
 

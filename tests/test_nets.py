@@ -15,7 +15,9 @@ from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
 D_IN = 5
 SMALL = {
     "transformer": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2),
+    "transformer_sinusoidal": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="sinusoidal"),
     "transformer_learnable": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="learnable", max_time=300),
+    "transformer_none": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="none"),
     "gru": dict(d_hidden=16),
     "ff": dict(d_hidden=16),
 }

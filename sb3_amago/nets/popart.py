@@ -5,23 +5,34 @@ from torch import nn
 
 
 class PopArt(nn.Module):
-    """Running mean/std of TD targets for each of ``G`` discount factors, and the learnable affine
-    output layer ``w * q + b`` that the critics' raw outputs pass through.
+    """Running mean/std of TD targets for each of ``G`` discount factors, and the affine output
+    layer ``w * q + b`` that the critics' raw outputs pass through.
 
-    The statistics follow targets with a bias-corrected exponential rate ``beta``; each update
-    rescales ``w`` and ``b`` so that the denormalised prediction ``sigma * (w q + b) + mu`` is
-    unchanged (van Hasselt et al., 2016).
+    The statistics follow targets with an exponential rate ``beta`` (bias-corrected, so the first
+    update moves them to the first batch, or not, so they leave ``mu = 0``, ``nu = init_nu`` slowly);
+    each update rescales ``w`` and ``b`` so that the denormalised prediction ``sigma * (w q + b) + mu``
+    is unchanged (van Hasselt et al., 2016).
 
     :param n_gammas: number of discount factors ``G``
     :param beta: statistics update rate
     :param init_nu: initial second moment
+    :param trainable: ``w`` and ``b`` are parameters the optimizer trains too (else buffers that
+        only the statistics update moves)
+    :param bias_correction: correct the rate for the statistics' zero start
     """
 
-    def __init__(self, n_gammas: int, beta: float = 5e-4, init_nu: float = 100.0) -> None:
+    def __init__(
+        self, n_gammas: int, beta: float = 5e-4, init_nu: float = 100.0, trainable: bool = True, bias_correction: bool = True
+    ) -> None:
         super().__init__()
         self.beta = beta
-        self.w = nn.Parameter(th.ones(n_gammas))
-        self.b = nn.Parameter(th.zeros(n_gammas))
+        self.bias_correction = bias_correction
+        if trainable:
+            self.w = nn.Parameter(th.ones(n_gammas))
+            self.b = nn.Parameter(th.zeros(n_gammas))
+        else:
+            self.register_buffer("w", th.ones(n_gammas))
+            self.register_buffer("b", th.zeros(n_gammas))
         self.register_buffer("mu", th.zeros(n_gammas))
         self.register_buffer("nu", th.full((n_gammas,), init_nu))
         # Number of updates so far, stored as a float so every state_dict entry is floating.
@@ -60,7 +71,7 @@ class PopArt(nn.Module):
         mean_sq = (target**2 * weights).sum(dims) / count  # (G,)
         self.n_updates += 1
         # Bias correction in float64: in float32, 1 - (1 - beta) loses the digits that matter.
-        rate = self.beta / (1.0 - (1.0 - self.beta) ** float(self.n_updates))
+        rate = self.beta / (1.0 - (1.0 - self.beta) ** float(self.n_updates)) if self.bias_correction else self.beta
         old_mu, old_sigma = self.mu.clone(), self.sigma
         self.mu.mul_(1 - rate).add_(rate * mean)
         self.nu.mul_(1 - rate).add_(rate * mean_sq)

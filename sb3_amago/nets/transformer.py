@@ -29,7 +29,10 @@ from torch.nn import functional as F
 from sb3_amago.nets.base import TrajEncoder
 from sb3_amago.nets.sigma_reparam import make_linear
 
-POS_EMB_TYPES = ("sinusoidal", "learnable")
+#: Position schemes: added to the layer-0 input ("sinusoidal", "learnable"), rotating queries and keys
+#: in every layer ("rotary", relative: attention sees only the offset between two steps), or none.
+POS_EMB_TYPES = ("sinusoidal", "learnable", "rotary", "none")
+ROTARY_BASE = 10_000.0
 
 
 @dataclass
@@ -68,6 +71,28 @@ def sinusoidal_embedding(time_idx: th.Tensor, d_model: int) -> th.Tensor:
     return th.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+def rotary_tables(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
+    """Cosines and sines of the rotary embedding (Su et al. 2021) at integer time indices.
+
+    :param time_idx: ``(B, L)`` int
+    :return: ``cos``, ``sin``, each ``(B, 1, L, d_head // 2)`` float32 (broadcast over heads)
+    """
+    half = d_head // 2
+    freqs = ROTARY_BASE ** (-th.arange(half, device=time_idx.device, dtype=th.float32) / half)
+    angles = time_idx.to(th.float32).unsqueeze(-1) * freqs  # (B, L, half)
+    return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
+
+
+def apply_rotary(x: th.Tensor, rotary: tuple[th.Tensor, th.Tensor]) -> th.Tensor:
+    """Rotate the feature pairs ``(x_i, x_{i + d/2})`` of ``x`` ``(B, H, L, d_head)`` by their angles."""
+    cos, sin = (t.to(x.dtype) for t in rotary)
+    x1, x2 = x.chunk(2, dim=-1)
+    return th.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+Rotary = tuple[th.Tensor, th.Tensor] | None
+
+
 class TransformerBlock(nn.Module):
     """One pre-norm NormFormer block; see the module docstring.
 
@@ -93,11 +118,14 @@ class TransformerBlock(nn.Module):
         self.ff_out = make_linear(d_ff, d_model, sigma_reparam)
         self.dropout = nn.Dropout(dropout)
 
-    def _qkv(self, x: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """``(B, L, D)`` residual stream -> query, key, value, each ``(B, H, L, Dh)``."""
+    def _qkv(self, x: th.Tensor, rotary: Rotary) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """``(B, L, D)`` residual stream -> query, key, value, each ``(B, H, L, Dh)``; queries and
+        keys rotated by :func:`rotary_tables` when given."""
         batch, length, _ = x.shape
         qkv = self.qkv(self.norm_attn_in(x)).view(batch, length, 3, self.n_heads, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, L, Dh)
+        if rotary is not None:
+            q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
         return q, k, v
 
     def _finish(self, x: th.Tensor, attn: th.Tensor) -> th.Tensor:
@@ -108,12 +136,14 @@ class TransformerBlock(nn.Module):
         hidden = self.norm_ff_hidden(F.leaky_relu(self.ff_in(self.norm_ff_in(x))))  # (B, L, d_ff)
         return x + self.dropout(self.ff_out(self.dropout(hidden)))
 
-    def forward(self, x: th.Tensor) -> th.Tensor:
+    def forward(self, x: th.Tensor, rotary: Rotary = None) -> th.Tensor:
         """Causal pass over whole sequences: ``(B, L, D)`` -> ``(B, L, D)``."""
-        q, k, v = self._qkv(x)
+        q, k, v = self._qkv(x, rotary)
         return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
-    def step(self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor) -> th.Tensor:
+    def step(
+        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor, rotary: Rotary
+    ) -> th.Tensor:
         """One new position per env, attending over a cache that it first writes into.
 
         :param x: ``(N, D)`` residual stream of the new position
@@ -121,10 +151,11 @@ class TransformerBlock(nn.Module):
         :param values: value cache, same shape
         :param slot: ``(N,)`` int64 cache slot of the new position
         :param valid: ``(N, S')`` bool, the slots ``[:S']`` the new position attends to
+        :param rotary: rotary tables of the new position (keys are cached already rotated)
         :return: ``(N, D)``
         """
         envs = th.arange(x.shape[0], device=x.device)
-        q, k, v = self._qkv(x.unsqueeze(1))  # (N, H, 1, Dh)
+        q, k, v = self._qkv(x.unsqueeze(1), rotary)  # (N, H, 1, Dh)
         keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
         values[envs, :, slot] = v[:, :, 0].to(values.dtype)
         width = valid.shape[1]
@@ -147,7 +178,8 @@ class TransformerTrajEncoder(TrajEncoder):
     :param d_ff: feed-forward hidden width
     :param n_layers: number of blocks
     :param dropout: dropout on the input embedding and in the feed-forward layers
-    :param pos_emb: ``"sinusoidal"`` (any time index) or ``"learnable"`` (a table of ``max_time`` rows)
+    :param pos_emb: ``"rotary"`` (relative; any time index), ``"sinusoidal"`` (absolute, any time
+        index), ``"learnable"`` (absolute, a table of ``max_time`` rows) or ``"none"``
     :param max_time: size of the learnable position table: time indices must be below it
     :param sigma_reparam: sigma-reparameterise the attention and feed-forward projections
     """
@@ -161,7 +193,7 @@ class TransformerTrajEncoder(TrajEncoder):
         d_ff: int = 1024,
         n_layers: int = 3,
         dropout: float = 0.05,
-        pos_emb: str = "sinusoidal",
+        pos_emb: str = "rotary",
         max_time: int | None = None,
         sigma_reparam: bool = True,
     ) -> None:
@@ -172,6 +204,8 @@ class TransformerTrajEncoder(TrajEncoder):
             raise ValueError(f"Unknown pos_emb '{pos_emb}', expected one of {POS_EMB_TYPES}")
         if pos_emb == "sinusoidal" and d_model % 2 != 0:
             raise ValueError(f"The sinusoidal position embedding needs an even d_model, got {d_model}")
+        if pos_emb == "rotary" and (d_model // n_heads) % 2 != 0:
+            raise ValueError(f"The rotary position embedding needs an even head size, got d_model / n_heads = {d_model // n_heads}")
         if pos_emb == "learnable" and (max_time is None or max_time < 1):
             raise ValueError(f"pos_emb='learnable' needs max_time >= 1 (the longest rollout, in steps), got {max_time}")
         self.d_model = d_model
@@ -206,17 +240,23 @@ class TransformerTrajEncoder(TrajEncoder):
     def _embed(self, x: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
         """Layer-0 input before dropout: ``(..., d_in)``, ``(...)`` -> ``(..., d_model)``."""
         h = self.input_proj(x)
-        if self.pos_table is None:
-            pos = sinusoidal_embedding(time_idx, self.d_model)
-        else:
-            pos = self.pos_table(time_idx.clamp(0, self.max_time - 1))
-        return h + pos.to(h.dtype)
+        if self.pos_emb_type == "sinusoidal":
+            return h + sinusoidal_embedding(time_idx, self.d_model).to(h.dtype)
+        if self.pos_table is not None:
+            return h + self.pos_table(time_idx.clamp(0, self.max_time - 1)).to(h.dtype)
+        return h
 
-    def _run_blocks(self, h: th.Tensor) -> th.Tensor:
-        """Causal pass of the embedded sequence ``(B, L, d_model)`` through every block + final norm."""
+    def _rotary(self, time_idx: th.Tensor) -> Rotary:
+        """Rotary tables for ``(B, L)`` time indices, or None for the other schemes."""
+        return rotary_tables(time_idx, self.d_model // self.n_heads) if self.pos_emb_type == "rotary" else None
+
+    def _run_blocks(self, h: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
+        """Causal pass of the embedded sequence ``(B, L, d_model)`` at times ``(B, L)`` through every
+        block + final norm."""
+        rotary = self._rotary(time_idx)
         h = self.emb_dropout(h)
         for block in self.blocks:
-            h = block(h)
+            h = block(h, rotary)
         return self.out_norm(h)
 
     def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
@@ -228,7 +268,7 @@ class TransformerTrajEncoder(TrajEncoder):
             raise ValueError(f"Sequence length {length} exceeds max_seq_len={self.max_seq_len} of the Transformer encoder")
         self._check_time(time_idx, pad_mask)
         x = x.masked_fill(~pad_mask.unsqueeze(-1), 0.0)
-        return self._run_blocks(self._embed(x, time_idx))
+        return self._run_blocks(self._embed(x, time_idx), time_idx)
 
     def init_state(self, n_envs: int, device: th.device | str, dtype: th.dtype = th.float32) -> TransformerState:
         cache_shape = (self.n_layers, n_envs, self.n_heads, self.max_seq_len, self.d_model // self.n_heads)
@@ -260,13 +300,15 @@ class TransformerTrajEncoder(TrajEncoder):
             width = min(max_count + 1, window)
             valid = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
             h = self.emb_dropout(emb)
+            rotary = self._rotary(time_idx.unsqueeze(1))
             for layer, block in enumerate(self.blocks):
-                h = block.step(h, state.keys[layer], state.values[layer], slot, valid)
+                h = block.step(h, state.keys[layer], state.values[layer], slot, valid, rotary)
             out = self.out_norm(h)
         if n_full > 0:
             full_envs = full.nonzero().squeeze(1)  # (F,)
             order = (state.count[full_envs, None] + 1 + th.arange(window, device=x.device)) % window  # (F, S)
-            recomputed = self._run_blocks(state.inputs[full_envs[:, None], order].to(emb.dtype))  # (F, S, D)
+            times = time_idx[full_envs, None] - window + 1 + th.arange(window, device=x.device)  # (F, S), oldest first
+            recomputed = self._run_blocks(state.inputs[full_envs[:, None], order].to(emb.dtype), times)  # (F, S, D)
             out = out.to(recomputed.dtype).index_put((full_envs,), recomputed[:, -1])
         state.count += 1
         return out, state

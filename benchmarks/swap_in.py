@@ -1,0 +1,148 @@
+"""Swap-in benchmark: AMAGO with its RL Zoo entries in place of DQN on CartPole-v1 and SAC on
+Pendulum-v1, at the zoo's budgets for those peers, seeds side by side.
+
+    python benchmarks/swap_in.py                                   # both tasks, AMAGO and the peer, seeds 0 1 2
+    python benchmarks/swap_in.py --tasks CartPole --algos amago --seeds 0
+    python benchmarks/swap_in.py --report-only
+
+Each algorithm takes its own entry: AMAGO ``sb3_amago/hyperparams/amago.yml``, the peers RL Zoo's
+published ``dqn.yml`` / ``sac.yml`` (read from the installed rl_zoo3). Every ``--eval-every`` env
+steps a run is evaluated on 10 deterministic episodes; it stops at the budget. Runs are sequential
+in one process (``--threads`` torch threads, 1 by default); rows go to
+``benchmarks/results/swap_in_curves.csv`` as they happen (finished runs are skipped on a restart)
+and the report, ``swap_in.md`` / ``.json``, gives per seed the env steps and training seconds
+(evaluation excluded) to the solved return (CartPole 475, Pendulum -200) and the final return.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch as th
+from common import RESULTS_DIR, run_metadata
+from learning import EvalRecorder, RunKey, Task, append_row, drop_unfinished, make_envs, read_rows, run_settings
+from stable_baselines3.common.evaluation import evaluate_policy
+
+
+@dataclass(frozen=True)
+class SwapInTask(Task):
+    """A classic-control task scored by its raw mean return, solved at ``solved``."""
+
+    solved: float = 0.0
+
+    @property
+    def score_name(self) -> str:
+        return "mean return"
+
+    def score(self, returns: Sequence[float], successes: Sequence[bool]) -> float:
+        return float(np.mean(returns))
+
+
+TASKS = {
+    "CartPole": SwapInTask("CartPole", "CartPole-v1", 50_000, solved=475.0),
+    "Pendulum": SwapInTask("Pendulum", "Pendulum-v1", 20_000, continuous=True, solved=-200.0),
+}
+ALGOS = ("amago", "memoryless")
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 10_000
+
+
+def train_run(key: RunKey, eval_every: int, csv_path: Path) -> None:
+    task = TASKS[key.task]
+    settings = run_settings(task, key.algo, key.budget)
+    env = make_envs(task, settings, settings.n_envs, key.seed, training=True)
+    eval_env = make_envs(task, settings, 5, key.seed + EVAL_SEED_OFFSET, training=False)
+    model = settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs)
+
+    def evaluate() -> tuple[float, float, float]:
+        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True)
+        return float(np.mean(returns)), float(np.std(returns)), float(np.mean(returns))
+
+    def on_row(row: dict) -> None:
+        append_row(csv_path, row)
+        print(f"{key.task} {key.algo} seed {key.seed}: {row['env_steps']:>7,} steps  return {row['mean_return']:8.1f}  {row['wall_s']:6.0f} s", flush=True)
+
+    model.learn(key.budget, callback=EvalRecorder(evaluate, eval_every, key.budget, key._asdict(), on_row))
+    env.close()
+    eval_env.close()
+
+
+def summarize(rows: Sequence[dict]) -> dict[str, dict]:
+    """Per (task, algo): per-seed steps / seconds to the solved return and the final return."""
+    out: dict[str, dict] = {}
+    finished = sorted({(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]})
+    for task_name, algo, seed in finished:
+        task = TASKS[task_name]
+        run = sorted((r for r in rows if (r["task"], r["algo"], r["seed"]) == (task_name, algo, seed)), key=lambda r: r["env_steps"])
+        hit = next((r for r in run if r["mean_return"] >= task.solved), None)
+        entry = out.setdefault(f"{task_name} / {algo}", {"solved_return": task.solved, "seeds": []})
+        entry["seeds"].append(
+            {
+                "seed": seed,
+                "steps_to_solved": None if hit is None else hit["env_steps"],
+                "seconds_to_solved": None if hit is None else round(hit["wall_s"], 1),
+                "final_return": run[-1]["mean_return"],
+                "final_steps": run[-1]["env_steps"],
+                "train_seconds": round(run[-1]["wall_s"], 1),
+            }
+        )
+    return out
+
+
+def markdown(summary: dict[str, dict], meta: dict) -> str:
+    lines = [
+        "# Swap-in: AMAGO in place of DQN / SAC",
+        "",
+        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} thread(s) per run, {meta['cpu_model']}, {meta['date']}.",
+        "",
+        "Per seed: env steps (training seconds, evaluation excluded) to the first evaluation at the solved "
+        "return, `-` if never; final return of 10 deterministic episodes; total training seconds.",
+        "",
+        "| task / algorithm | solved at | steps (s) to solved | final return | training s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, entry in summary.items():
+        seeds = entry["seeds"]
+        reach = " / ".join("-" if s["steps_to_solved"] is None else f"{s['steps_to_solved']:,} ({s['seconds_to_solved']:.0f})" for s in seeds)
+        final = " / ".join(f"{s['final_return']:.1f}" for s in seeds)
+        secs = " / ".join(f"{s['train_seconds']:.0f}" for s in seeds)
+        lines.append(f"| {name} | {entry['solved_return']:g} | {reach} | {final} | {secs} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--eval-every", type=int, default=2_500)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    th.set_num_threads(args.threads)
+    csv_path = args.out_dir / "swap_in_curves.csv"
+    if not args.report_only:
+        drop_unfinished(csv_path)
+        for name in args.tasks:
+            for algo in args.algos:
+                for seed in args.seeds:
+                    key = RunKey(name, algo, seed, TASKS[name].budget)
+                    if any(r["final"] and (r["task"], r["algo"], r["seed"]) == (name, algo, seed) for r in read_rows(csv_path)):
+                        continue
+                    train_run(key, args.eval_every, csv_path)
+    rows = read_rows(csv_path)
+    done = {(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]}
+    rows = [r for r in rows if (r["task"], r["algo"], r["seed"]) in done]
+    summary = summarize(rows)
+    meta = run_metadata()
+    (args.out_dir / "swap_in.json").write_text(json.dumps({"tasks": {k: vars(v) for k, v in TASKS.items()}, "results": summary, **meta}, indent=2) + "\n")
+    (args.out_dir / "swap_in.md").write_text(markdown(summary, meta))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,8 @@
 """Tests of the networks: trajectory encoders (full forward vs cached stepping, padding, sliding
 window), sigma-reparameterisation, the timestep encoder, dtypes and error messages."""
 
+import math
+
 import numpy as np
 import pytest
 import torch as th
@@ -11,6 +13,7 @@ from torch.nn import functional as F
 
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
+from sb3_amago.nets.transformer import apply_rotary, rotary_tables, sinusoidal_embedding
 
 D_IN = 5
 SMALL = {
@@ -112,12 +115,69 @@ def test_padding_does_not_change_real_outputs(kind: str) -> None:
         th.testing.assert_close(out[b, :n], full_forward(encoder, x[b, :n], time_idx[b, :n]), atol=1e-5, rtol=0)
 
 
-def test_position_embedding_uses_global_time() -> None:
+def test_rotary_attention_sees_only_time_offsets() -> None:
+    """Rotary: shifting every time index alike leaves the output unchanged; changing one gap does not."""
     encoder = make_encoder("transformer").eval()
-    x, mask = th.randn(1, 4, D_IN), th.ones(1, 4, dtype=th.bool)
-    start = encoder(x, th.arange(4)[None], mask)
-    shifted = encoder(x, th.arange(4)[None] + 100, mask)
-    assert (start - shifted).abs().max() > 1e-3
+    x, mask = th.randn(1, 5, D_IN), th.ones(1, 5, dtype=th.bool)
+    times = th.tensor([[0, 1, 2, 3, 4]])
+    start = encoder(x, times, mask)
+    th.testing.assert_close(encoder(x, times + 9_000, mask), start, atol=2e-4, rtol=0)
+    gap = encoder(x, th.tensor([[0, 1, 2, 3, 9]]), mask)
+    th.testing.assert_close(gap[:, :4], start[:, :4], atol=1e-5, rtol=0)
+    assert (gap[:, 4] - start[:, 4]).abs().max() > 1e-3
+
+
+def test_rotary_rotation_by_hand() -> None:
+    """Each feature pair (i, i + d/2) turns by t * base^(-i / (d/2)); q.k depends on t_q - t_k only."""
+    cos, sin = rotary_tables(th.tensor([[0, 1, 3]]), d_head=4)  # (1, 1, 3, 2)
+    th.testing.assert_close(cos[0, 0, :, 0], th.tensor([1.0, math.cos(1.0), math.cos(3.0)]))
+    th.testing.assert_close(sin[0, 0, :, 1], th.tensor([0.0, math.sin(0.01), math.sin(0.03)]))
+    x = th.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 1, 3, 4)
+    rotated = apply_rotary(x, (cos, sin))
+    th.testing.assert_close(
+        rotated[0, 0, 1],
+        th.tensor(
+            [
+                math.cos(1) - 3 * math.sin(1),
+                2 * math.cos(0.01) - 4 * math.sin(0.01),
+                math.sin(1) + 3 * math.cos(1),
+                2 * math.sin(0.01) + 4 * math.cos(0.01),
+            ]
+        ),
+    )
+    th.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))
+    q, k = th.randn(4), th.randn(4)
+
+    def score(t_q: int, t_k: int) -> th.Tensor:
+        (cq, sq), (ck, sk) = rotary_tables(th.tensor([[t_q]]), 4), rotary_tables(th.tensor([[t_k]]), 4)
+        return (apply_rotary(q.view(1, 1, 1, 4), (cq, sq)) * apply_rotary(k.view(1, 1, 1, 4), (ck, sk))).sum()
+
+    th.testing.assert_close(score(7, 3), score(107, 103), atol=1e-5, rtol=0)
+    assert (score(7, 3) - score(7, 5)).abs() > 1e-3
+
+
+def test_sinusoidal_embedding_by_hand() -> None:
+    """[sin, cos] halves at frequencies 10000^(-i / (d/2)), added to the projected input at each step's global time."""
+    emb = sinusoidal_embedding(th.tensor([0, 2]), d_model=4)
+    th.testing.assert_close(
+        emb, th.tensor([[0.0, 0.0, 1.0, 1.0], [math.sin(2.0), math.sin(0.02), math.cos(2.0), math.cos(0.02)]])
+    )
+    encoder = make_encoder("transformer_sinusoidal")
+    x, times = th.randn(2, 3, D_IN), th.tensor([[0, 1, 2], [50, 51, 52]])
+    th.testing.assert_close(encoder._embed(x, times), encoder.input_proj(x) + sinusoidal_embedding(times, 16))
+
+
+def test_learnable_table_row_reaches_only_steps_at_and_after_its_time() -> None:
+    """Learnable positions: editing the row of global time 42 changes the outputs from the step at time 42 on."""
+    encoder = make_encoder("transformer_learnable").eval()
+    x, mask = th.randn(1, 5, D_IN), th.ones(1, 5, dtype=th.bool)
+    times = th.arange(40, 45)[None]  # a window cut from the middle of a rollout
+    before = encoder(x, times, mask)
+    with th.no_grad():
+        encoder.pos_table.weight[42] += th.randn(16)  # not a constant shift, which LayerNorm would remove
+    after = encoder(x, times, mask)
+    th.testing.assert_close(after[:, :2], before[:, :2])
+    assert ((after[:, 2:] - before[:, 2:]).abs().amax(-1) > 1e-3).all()
 
 
 @pytest.mark.parametrize("kind", list(SMALL))

@@ -65,7 +65,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {},
         {"traj_encoder_kwargs": {"pos_emb": "learnable", "max_time": 1000}},
     ),
-    "rotary": ("rotary position embedding of queries and keys (relative, no table)", {}, {"traj_encoder_kwargs": {"pos_emb": "rotary"}}),
+    "rotary": (
+        "rotary position embedding of queries and keys (relative, no table)",
+        {},
+        {"traj_encoder_kwargs": {"pos_emb": "rotary"}},
+    ),
     "none": ("no position information (causal masking only)", {}, {"traj_encoder_kwargs": {"pos_emb": "none"}}),
     "popart_fixed": (
         "PopArt's w, b moved only by its statistics (not trained), no bias correction (the original's)",
@@ -76,7 +80,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "warmup_2000": ("learning-rate warm-up over 2,000 updates (the original's)", {"warmup_steps": 2000}, {}),
     "tau_0.0025": ("target EMA rate 0.0025 (the original's)", {"tau": 0.0025}, {}),
     "d_embed_200": ("timestep embedding of 200 (the original's POPGym 512-512-200)", {}, {"d_embed": 200}),
-    "starts_200": ("learning_starts 200: almost no uniform-random phase (the original has none)", {"learning_starts": 200}, {}),
+    "starts_200": (
+        "learning_starts 200: almost no uniform-random phase (the original has none)",
+        {"learning_starts": 200},
+        {},
+    ),
     "updates_x2": ("two updates per 8 env steps (gradient_steps 2)", {"gradient_steps": 2}, {}),
     "updates_x3": ("three updates per 8 env steps (gradient_steps 3)", {"gradient_steps": 3}, {}),
 }
@@ -123,20 +131,37 @@ class Recorder(BaseCallback):
 
     def _append(self, mean_return: float, final: bool) -> None:
         wall = time.perf_counter() - self.start - self.eval_s
-        row = {**self.fields, "env_steps": self.num_timesteps, "wall_s": round(wall, 1), "mean_return": mean_return, "final": int(final)}
+        row = {
+            **self.fields,
+            "env_steps": self.num_timesteps,
+            "wall_s": round(wall, 1),
+            "mean_return": mean_return,
+            "final": int(final),
+        }
         new = not self.csv_path.exists()
         with open(self.csv_path, "a", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=FIELDS)
             if new:
                 writer.writeheader()
             writer.writerow(row)
-        print(f"{row['variant']:>14} seed {row['seed']} {row['env_steps']:>6} steps  return {mean_return:+.3f}  {wall:6.0f} s", flush=True)
+        print(
+            f"{row['variant']:>14} seed {row['seed']} {row['env_steps']:>6} steps  return {mean_return:+.3f}  {wall:6.0f} s",
+            flush=True,
+        )
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    types = {"variant": str, "seed": int, "attempt": int, "env_steps": int, "wall_s": float, "mean_return": float, "final": int}
+    types = {
+        "variant": str,
+        "seed": int,
+        "attempt": int,
+        "env_steps": int,
+        "wall_s": float,
+        "mean_return": float,
+        "final": int,
+    }
     with open(path, newline="") as file:
         return [{k: types[k](v) for k, v in row.items()} for row in csv.DictReader(file)]
 
@@ -161,14 +186,18 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 hit = first_reach([r for r in rows if r["variant"] == variant and r["seed"] == seed], threshold)
                 per_seed.append(None if hit is None else {"env_steps": hit[0], "train_s": hit[1]})
             entry[f"to_{threshold:g}"] = per_seed
-        entry["budget_steps"] = [max(r["env_steps"] for r in rows if r["variant"] == variant and r["seed"] == s) for s in seeds]
+        entry["budget_steps"] = [
+            max(r["env_steps"] for r in rows if r["variant"] == variant and r["seed"] == s) for s in seeds
+        ]
         out[variant] = entry
     return out
 
 
 def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], note: str) -> str:
     def cell(values: list[dict[str, Any] | None], budgets: list[int], key: str) -> str:
-        parts = [f"{v[key]:,.0f}" if v else f">{b:,}" if key == "env_steps" else "-" for v, b in zip(values, budgets, strict=True)]
+        parts = [
+            f"{v[key]:,.0f}" if v else f">{b:,}" if key == "env_steps" else "-" for v, b in zip(values, budgets, strict=True)
+        ]
         return " / ".join(parts)
 
     lines = [

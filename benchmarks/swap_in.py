@@ -59,12 +59,17 @@ def train_run(key: RunKey, eval_every: int, csv_path: Path) -> None:
     model = settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs)
 
     def evaluate() -> tuple[float, float, float]:
-        returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True)
+        returns, _ = evaluate_policy(
+            model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True
+        )
         return float(np.mean(returns)), float(np.std(returns)), float(np.mean(returns))
 
     def on_row(row: dict) -> None:
         append_row(csv_path, row)
-        print(f"{key.task} {key.algo} seed {key.seed}: {row['env_steps']:>7,} steps  return {row['mean_return']:8.1f}  {row['wall_s']:6.0f} s", flush=True)
+        print(
+            f"{key.task} {key.algo} seed {key.seed}: {row['env_steps']:>7,} steps  return {row['mean_return']:8.1f}  {row['wall_s']:6.0f} s",
+            flush=True,
+        )
 
     model.learn(key.budget, callback=EvalRecorder(evaluate, eval_every, key.budget, key._asdict(), on_row))
     env.close()
@@ -77,7 +82,9 @@ def summarize(rows: Sequence[dict]) -> dict[str, dict]:
     finished = sorted({(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]})
     for task_name, algo, seed in finished:
         task = TASKS[task_name]
-        run = sorted((r for r in rows if (r["task"], r["algo"], r["seed"]) == (task_name, algo, seed)), key=lambda r: r["env_steps"])
+        run = sorted(
+            (r for r in rows if (r["task"], r["algo"], r["seed"]) == (task_name, algo, seed)), key=lambda r: r["env_steps"]
+        )
         hit = next((r for r in run if r["mean_return"] >= task.solved), None)
         entry = out.setdefault(f"{task_name} / {algo}", {"solved_return": task.solved, "seeds": []})
         entry["seeds"].append(
@@ -107,7 +114,9 @@ def markdown(summary: dict[str, dict], meta: dict) -> str:
     ]
     for name, entry in summary.items():
         seeds = entry["seeds"]
-        reach = " / ".join("-" if s["steps_to_solved"] is None else f"{s['steps_to_solved']:,} ({s['seconds_to_solved']:.0f})" for s in seeds)
+        reach = " / ".join(
+            "-" if s["steps_to_solved"] is None else f"{s['steps_to_solved']:,} ({s['seconds_to_solved']:.0f})" for s in seeds
+        )
         final = " / ".join(f"{s['final_return']:.1f}" for s in seeds)
         secs = " / ".join(f"{s['train_seconds']:.0f}" for s in seeds)
         lines.append(f"| {name} | {entry['solved_return']:g} | {reach} | {final} | {secs} |")
@@ -132,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             for algo in args.algos:
                 for seed in args.seeds:
                     key = RunKey(name, algo, seed, TASKS[name].budget)
-                    if any(r["final"] and (r["task"], r["algo"], r["seed"]) == (name, algo, seed) for r in read_rows(csv_path)):
+                    if any(
+                        r["final"] and (r["task"], r["algo"], r["seed"]) == (name, algo, seed) for r in read_rows(csv_path)
+                    ):
                         continue
                     train_run(key, args.eval_every, csv_path)
     rows = read_rows(csv_path)
@@ -140,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [r for r in rows if (r["task"], r["algo"], r["seed"]) in done]
     summary = summarize(rows)
     meta = run_metadata()
-    (args.out_dir / "swap_in.json").write_text(json.dumps({"tasks": {k: vars(v) for k, v in TASKS.items()}, "results": summary, **meta}, indent=2) + "\n")
+    (args.out_dir / "swap_in.json").write_text(
+        json.dumps({"tasks": {k: vars(v) for k, v in TASKS.items()}, "results": summary, **meta}, indent=2) + "\n"
+    )
     (args.out_dir / "swap_in.md").write_text(markdown(summary, meta))
 
 

@@ -1,6 +1,9 @@
 """Behaviour of the AMAGO algorithm: loss terms against hand computations, where gradients go,
 what collection feeds the policy, acting with state, save/load, and clear errors on bad input."""
 
+import copy
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -141,10 +144,15 @@ def test_critic_term_reaches_encoder_but_not_actor(counting_model: AMAGO) -> Non
 
 
 def test_bc_term_trains_actor_and_encoder_only(counting_model: AMAGO) -> None:
+    """The behaviour-cloning term alone gives nonzero gradients to the actor and the encoder, none to the critics."""
     policy = counting_model.policy
-    _loss_only(counting_model, bc_weight=1.0)
+    _, stats = _loss_only(counting_model, bc_weight=1.0)
+    assert stats["filter_pass_rate"] > 0, "the filter must let some buffer actions through for the term to act"
     assert _grad_norm(policy.critics) == 0.0
-    assert _grad_norm(policy.actor) >= 0.0  # zero only if the filter rejects every action
+    assert _grad_norm(policy.popart) == 0.0
+    assert _grad_norm(policy.actor) > 0.0
+    assert _grad_norm(policy.traj_encoder) > 0.0
+    assert _grad_norm(policy.timestep_encoder) > 0.0
 
 
 def test_padding_positions_do_not_change_the_loss(counting_model: AMAGO) -> None:
@@ -224,26 +232,156 @@ def test_training_updates_and_logs_sb3_names() -> None:
     assert values["replay/bytes"] > 0
 
 
+def test_update_targets_moves_each_target_by_tau_and_touches_nothing_else() -> None:
+    """update_targets(tau) sets every target-head parameter to (1 - tau) target + tau online and changes no other tensor."""
+    policy = tiny_model(gym.make("CartPole-v1")).policy
+    with th.no_grad():
+        for head in (policy.actor, policy.critics):
+            for p in head.parameters():
+                p.add_(th.randn_like(p))  # the targets start as copies: make them differ
+    before = {name: t.clone() for name, t in policy.state_dict().items()}
+    tau = 0.25
+    policy.update_targets(tau)
+    after = policy.state_dict()
+    moved = 0
+    for name, old in before.items():
+        target_param = name.startswith(("actor_target.", "critics_target.")) and name != "critics_target.gamma_feat"
+        if target_param:
+            online = before[name.replace("_target.", ".", 1)]
+            th.testing.assert_close(after[name], (1 - tau) * old + tau * online, rtol=1e-6, atol=1e-6)
+            assert not th.equal(after[name], old)
+            moved += 1
+        else:
+            assert th.equal(after[name], old), name
+    assert moved == len(list(policy.actor_target.parameters())) + len(list(policy.critics_target.parameters()))
+
+
+def test_learning_rate_warms_up_linearly_per_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Update n (1-based, counted across train calls) steps with lr * min(1, n / warmup_steps)."""
+    model = filled_model(PrevRewardWrapper(CountingEnv()), steps=16, learning_rate=1e-3, warmup_steps=4)
+    optimizer = model.policy.optimizer
+    used: list[float] = []
+    step = optimizer.step
+
+    def recording_step(*args, **kwargs):
+        used.append(optimizer.param_groups[0]["lr"])
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer, "step", recording_step)
+    model.train(gradient_steps=3, batch_size=4)
+    model.train(gradient_steps=1, batch_size=4)
+    model.train(gradient_steps=2, batch_size=4)
+    assert used == pytest.approx([1e-3 * n / 4 for n in (1, 2, 3)] + [1e-3] * 3, rel=1e-12)
+    assert all(group["lr"] == used[-1] for group in optimizer.param_groups)
+
+
 # --------------------------------------------------------------------------------------------
 # Acting, save / load
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_predict_single_batched_and_stateful(env_id: str) -> None:
+def test_predict_single_and_batched(env_id: str) -> None:
+    """predict takes one observation or a batch and returns actions of the env's space, and a state per env."""
     env = gym.make(env_id)
     model = tiny_model(env)
     obs, _ = env.reset(seed=0)
     action, state = model.predict(obs, deterministic=True)
-    assert env.action_space.contains(action)
-    batch = np.stack([obs, obs, obs])
-    actions, state3 = model.predict(batch, deterministic=True)
+    assert env.action_space.contains(action) and state.n_envs == 1
+    actions, state3 = model.predict(np.stack([obs, obs, obs]), deterministic=True)
     assert len(actions) == 3 and state3.n_envs == 3
     if isinstance(env.action_space, spaces.Box):
         assert actions.dtype == env.action_space.dtype
-    # The context matters: the same observation after a history differs from a fresh start only
-    # through the state; a reset through episode_start restores the fresh action exactly.
-    _, state = model.predict(obs, state=state, deterministic=True)
-    fresh, _ = model.predict(obs, state=state, episode_start=np.array([True]), deterministic=True)
-    np.testing.assert_array_equal(fresh, action)
+
+
+def _record_actor_outputs(policy, monkeypatch: pytest.MonkeyPatch) -> list[th.Tensor]:
+    """Make ``policy.observe`` append each main-gamma actor output, flattened to ``(N, -1)``, to the returned list."""
+    outputs: list[th.Tensor] = []
+    observe = policy.observe
+
+    def recording_observe(obs, state):
+        out, new_state = observe(obs, state)
+        outputs.append(th.cat(out, dim=-1).clone() if isinstance(out, tuple) else out.clone())
+        return out, new_state
+
+    monkeypatch.setattr(policy, "observe", recording_observe)
+    return outputs
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_predict_state_carries_history_and_episode_start_resets_it(env_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actor's output depends on the history in the state, and episode_start=True restores a fresh state exactly."""
+    model = tiny_model(gym.make(env_id))
+    outputs = _record_actor_outputs(model.policy, monkeypatch)
+    rng = np.random.default_rng(0)
+    obs_shape = model.observation_space.shape
+
+    def observations(n: int, n_envs: int = 1) -> np.ndarray:
+        return rng.normal(size=(n, n_envs, *obs_shape)).astype(np.float32)
+
+    def feed(steps: np.ndarray, state=None, episode_start: np.ndarray | None = None):
+        """predict over ``steps`` ``(T, N, ...)``, episode_start on the first; the outputs of each step and the state."""
+        first = len(outputs)
+        for i, obs in enumerate(steps):
+            _, state = model.predict(obs, state=state, episode_start=episode_start if i == 0 else None, deterministic=True)
+        return th.stack(outputs[first:]), state
+
+    # (a) The same last observation after two histories of the same length (so the same time index),
+    # with the same previous action, so that only the sequence model's context differs.
+    last = observations(1)
+    _, state_a = feed(observations(5))
+    _, state_b = feed(observations(5))
+    state_b = dataclasses.replace(state_b, prev_action=state_a.prev_action.clone())
+    after_a, _ = feed(last, state=state_a)
+    after_b, _ = feed(last, state=state_b)
+    assert (after_a - after_b).abs().max() > 1e-4
+
+    # (b) After a history longer than the context window, a reset gives the outputs of a fresh state.
+    _, state = feed(observations(3 * model.max_seq_len))
+    steps = observations(4)
+    after_reset, _ = feed(steps, state=state, episode_start=np.array([True]))
+    fresh, _ = feed(steps, state=model.policy.initial_state(1))
+    th.testing.assert_close(after_reset, fresh, rtol=1e-5, atol=1e-6)
+    # Without the reset the history still shows (so the check above is not vacuous).
+    _, state = feed(observations(3 * model.max_seq_len))
+    no_reset, _ = feed(steps, state=state, episode_start=np.array([False]))
+    assert (no_reset - fresh).abs().max() > 1e-4
+
+    # With two envs, only the env whose episode starts is reset; the other keeps its context.
+    _, state = feed(observations(3 * model.max_seq_len, n_envs=2))
+    kept = copy.deepcopy(state)
+    steps = observations(4, n_envs=2)
+    one_reset, _ = feed(steps, state=state, episode_start=np.array([True, False]))
+    none_reset, _ = feed(steps, state=kept, episode_start=np.array([False, False]))
+    fresh, _ = feed(steps[:, :1], state=model.policy.initial_state(1))
+    th.testing.assert_close(one_reset[:, :1], fresh, rtol=1e-5, atol=1e-6)
+    th.testing.assert_close(one_reset[:, 1], none_reset[:, 1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_policy_acts_with_the_main_gamma_head(env_id: str) -> None:
+    """Deterministic actions come from the last (main) gamma's actor head; the other heads do not change them."""
+    env = gym.make(env_id)
+    model = tiny_model(env, gamma=0.99, multigammas=(0.5, 0.9))
+    assert model.policy.gammas[-1] == 0.99
+    last = model.policy.actor.net[-1]  # outputs laid out gamma-major: (G, A) or (G, 2, A) for Box (mean, log_std)
+    per_gamma = last.out_features // 3
+    if isinstance(env.action_space, spaces.Discrete):
+        bias = th.tensor([[5.0, 0.0], [5.0, 0.0], [0.0, 5.0]])  # the other heads push left, the main head right
+        expected = np.ones(5, dtype=np.int64)
+    else:
+        bias = th.tensor([[[-1.0], [0.0]], [[-0.5], [0.0]], [[0.3], [0.0]]])  # per gamma: mean, log_std
+        expected = np.full((5, 1), 2.0 * np.tanh(0.3), dtype=np.float32)  # Pendulum's torque range is [-2, 2]
+    with th.no_grad():
+        last.weight.zero_()  # each head outputs its bias whatever the state
+        last.bias.copy_(bias.flatten())
+    obs = np.stack([env.observation_space.sample() for _ in range(5)])
+    action, _ = model.predict(obs, deterministic=True)
+    np.testing.assert_allclose(action, expected, rtol=1e-5)
+    # Randomising every other head's weights and bias leaves the actions alone.
+    with th.no_grad():
+        last.weight[:-per_gamma].normal_(std=3.0)
+        last.bias[:-per_gamma].normal_(std=5.0)
+    action, _ = model.predict(obs, deterministic=True)
+    np.testing.assert_allclose(action, expected, rtol=1e-5)
 
 
 def test_save_load_round_trip_with_context(tmp_path) -> None:

@@ -98,17 +98,27 @@ def make_model(variant: str, seed: int, device: str) -> AMAGO:
 
 
 class Recorder(BaseCallback):
-    """Evaluates every ``every`` env steps, appends a CSV row, stops at the budget or once two
-    evaluations in a row reach the top threshold. Training seconds exclude evaluation."""
+    """Evaluates every ``every`` env steps on :data:`EVAL_EPISODES` deterministic episodes of
+    ``env_id``, appends a CSV row, stops at the budget or once two evaluations in a row reach
+    ``stop_return``. Training seconds exclude evaluation."""
 
-    def __init__(self, variant: str, seed: int, every: int, budget: int, csv_path: Path) -> None:
+    def __init__(
+        self,
+        variant: str,
+        seed: int,
+        every: int,
+        budget: int,
+        csv_path: Path,
+        env_id: str = ENV_ID,
+        stop_return: float = THRESHOLDS[-1],
+    ) -> None:
         super().__init__()
         self.fields = {"variant": variant, "seed": seed, "attempt": int(time.time())}
-        self.every, self.budget, self.csv_path = every, budget, csv_path
+        self.every, self.budget, self.csv_path, self.stop_return = every, budget, csv_path, stop_return
         self.next_eval = every
         self.start = self.eval_s = 0.0
         self.hits = 0
-        self.eval_env = make_vec_env(ENV_ID, n_envs=8, seed=seed + EVAL_SEED_OFFSET)
+        self.eval_env = make_vec_env(env_id, n_envs=8, seed=seed + EVAL_SEED_OFFSET)
 
     def _on_training_start(self) -> None:
         self.start = time.perf_counter()
@@ -118,7 +128,7 @@ class Recorder(BaseCallback):
             return True
         self.next_eval += self.every
         mean_return = self._evaluate()
-        self.hits = self.hits + 1 if mean_return >= THRESHOLDS[-1] else 0
+        self.hits = self.hits + 1 if mean_return >= self.stop_return else 0
         done = self.hits >= 2 or self.num_timesteps >= self.budget
         self._append(mean_return, final=done)
         return not done

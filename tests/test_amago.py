@@ -11,9 +11,11 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3 import SAC
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
 from sb3_amago.loss import LossConfig, amago_loss, bc_filter, buffer_and_policy_values, critic_values, td_target
+from sb3_amago.policies import AmagoState
 
 TINY = {
     "traj_encoder_kwargs": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
@@ -506,3 +508,160 @@ def test_runs_on_popgym_spaces(name: str) -> None:
     if isinstance(raw.observation_space, spaces.Tuple):
         with pytest.raises(ValueError, match="PrevRewardWrapper"):
             AMAGO("TransformerPolicy", raw)
+
+
+# --------------------------------------------------------------------------------------------
+# Exploration
+# --------------------------------------------------------------------------------------------
+def _exploration_model(action_space: spaces.Space, scale, **kwargs) -> tuple[AMAGO, AmagoState]:
+    """A tiny model with the per-env multipliers set by hand and a fresh state for as many envs."""
+    model = tiny_model(CountingEnv(action_space=action_space), **kwargs)
+    model.num_timesteps = 0
+    model._explore_scale = np.asarray(scale, dtype=np.float64)
+    return model, model.policy.initial_state(len(scale))
+
+
+def test_exploration_epsilon_global_schedule_is_linear_then_flat() -> None:
+    """epsilon() goes linearly from epsilon_start at step 0 to epsilon_end at exploration_steps and stays there."""
+    model = tiny_model(CountingEnv(), epsilon_start=0.8, epsilon_end=0.1, exploration_steps=200)
+    expected = {
+        0: 0.8,
+        1: 0.8 - 0.7 / 200,
+        50: 0.625,
+        100: 0.45,
+        150: 0.275,
+        199: 0.1 + 0.7 / 200,
+        200: 0.1,
+        201: 0.1,
+        10_000: 0.1,
+    }
+    for steps, eps in expected.items():
+        model.num_timesteps = steps
+        assert model.epsilon() == pytest.approx(eps, abs=1e-12), steps
+    # The defaults: 1.0 -> 0.05 over 1M steps.
+    model = tiny_model(CountingEnv())
+    for steps, eps in {0: 1.0, 500_000: 0.525, 1_000_000: 0.05, 3_000_000: 0.05}.items():
+        model.num_timesteps = steps
+        assert model.epsilon() == pytest.approx(eps, abs=1e-12), steps
+
+
+def test_exploration_discrete_is_epsilon_greedy_per_env() -> None:
+    """Discrete: an env with multiplier 0 keeps the greedy action; with eps 1 it is replaced by a uniform one (kept 1/n)."""
+    K = 6000
+    model, state = _exploration_model(ACTION_SPACES["discrete"], [0.0] * K + [1.0] * K + [0.5] * K)
+    assert model.epsilon() == 1.0
+    th.manual_seed(0)
+    greedy = th.full((3 * K, 1), 2.0)
+    out = model._explore(greedy, state)
+    assert out.shape == greedy.shape
+    assert th.equal(out[:K], greedy[:K]), "multiplier 0: never explores"
+    explored = out[K : 2 * K, 0]
+    assert set(explored.tolist()) <= {0.0, 1.0, 2.0}
+    for a in range(3):  # uniform over the 3 actions, the greedy one included
+        assert float((explored == a).float().mean()) == pytest.approx(1 / 3, abs=0.03), a
+    # Multiplier 0.5: replaced with probability 0.5, so kept 0.5 + 0.5 / 3 of the time.
+    assert float((out[2 * K :, 0] == 2.0).float().mean()) == pytest.approx(2 / 3, abs=0.03)
+    # The schedule scales it too: at epsilon_end (0.05) the multiplier-1 envs keep 1 - 0.05 + 0.05 / 3.
+    model.num_timesteps = model.exploration_steps
+    out = model._explore(greedy, state)
+    assert float((out[K : 2 * K, 0] == 2.0).float().mean()) == pytest.approx(1 - 0.05 * 2 / 3, abs=0.01)
+
+
+def test_exploration_multidiscrete_replaces_each_sub_action_independently() -> None:
+    """MultiDiscrete: each sub-action is replaced on its own, uniformly over its own number of choices."""
+    K = 8000
+    scale = [0.0] * K + [1.0] * K + [0.5] * K
+    model, state = _exploration_model(ACTION_SPACES["multidiscrete"], scale)  # nvec [2, 3]
+    th.manual_seed(0)
+    greedy = th.tensor([[1.0, 2.0]]).repeat(3 * K, 1)
+    out = model._explore(greedy, state)
+    assert th.equal(out[:K], greedy[:K])
+    kept = out[K : 2 * K] == greedy[K : 2 * K]
+    assert set(out[K:, 0].tolist()) <= {0.0, 1.0} and set(out[K:, 1].tolist()) <= {0.0, 1.0, 2.0}
+    assert float(kept[:, 0].float().mean()) == pytest.approx(1 / 2, abs=0.03)
+    assert float(kept[:, 1].float().mean()) == pytest.approx(1 / 3, abs=0.03)
+    assert float(kept.all(-1).float().mean()) == pytest.approx(1 / 6, abs=0.03)
+    # Multiplier 0.5: each sub-action is replaced with probability 0.5 on its own draw, so both are
+    # kept (0.5 + 0.5 / 2) * (0.5 + 0.5 / 3) = 0.5 of the time (one shared draw would give 7 / 12).
+    kept = out[2 * K :] == greedy[2 * K :]
+    assert float(kept[:, 0].float().mean()) == pytest.approx(3 / 4, abs=0.03)
+    assert float(kept[:, 1].float().mean()) == pytest.approx(2 / 3, abs=0.03)
+    assert float(kept.all(-1).float().mean()) == pytest.approx(1 / 2, abs=0.03), "independent draws per sub-action"
+
+
+def test_exploration_box_adds_gaussian_noise_of_std_epsilon_per_env() -> None:
+    """Box: an env with multiplier 0 is unchanged; with multiplier 1 it gets N(0, epsilon^2) noise, clamped to [-1, 1]."""
+    K = 5000
+    model, state = _exploration_model(ACTION_SPACES["box"], [0.0] * K + [1.0] * K, epsilon_start=0.3)
+    assert model.epsilon() == pytest.approx(0.3)
+    th.manual_seed(0)
+    out = model._explore(th.zeros(2 * K, 2), state)
+    assert th.equal(out[:K], th.zeros(K, 2))
+    noise = out[K:]
+    assert float(noise.mean()) == pytest.approx(0.0, abs=0.02)
+    assert float(noise.std()) == pytest.approx(0.3, rel=0.05)
+    # Near the bound, the result is clamped into [-1, 1].
+    out = model._explore(th.full((2 * K, 2), 0.95), state)
+    assert float(out.max()) == 1.0 and float(out.min()) >= -1.0
+    assert float((out[K:] == 1.0).float().mean()) > 0.3
+
+
+def test_exploration_bi_level_schedule_decays_with_the_time_index() -> None:
+    """rollout_exploration_horizon H: the noise is epsilon * multiplier * (1 - 0.95 * min(t / H, 1)) for time index t."""
+    H, K = 10, 4000
+    times = [0, 5, 10, 40]
+    factors = [1.0, 0.525, 0.05, 0.05]
+    model, state = _exploration_model(
+        ACTION_SPACES["box"], [1.0] * (len(times) * K), epsilon_start=0.4, rollout_exploration_horizon=H
+    )
+    state = dataclasses.replace(state, time_idx=th.tensor(times).repeat_interleave(K))
+    th.manual_seed(0)
+    out = model._explore(th.zeros(len(times) * K, 2), state)
+    for i, (t, factor) in enumerate(zip(times, factors)):
+        assert float(out[i * K : (i + 1) * K].std()) == pytest.approx(0.4 * factor, rel=0.05), t
+    # The multiplier still applies on top: multiplier 0.5 at t = H / 2 gives 0.4 * 0.5 * 0.525.
+    model._explore_scale = np.full(len(times) * K, 0.5)
+    out = model._explore(th.zeros(len(times) * K, 2), state)
+    assert float(out[K : 2 * K].std()) == pytest.approx(0.4 * 0.5 * 0.525, rel=0.05)
+    # Without the horizon the time index is ignored: every env gets the full epsilon.
+    model.rollout_exploration_horizon = None
+    model._explore_scale = np.ones(len(times) * K)
+    out = model._explore(th.zeros(len(times) * K, 2), state)
+    for i, t in enumerate(times):
+        assert float(out[i * K : (i + 1) * K].std()) == pytest.approx(0.4, rel=0.05), t
+    # Discrete, epsilon 1, t = H / 2: replaced with probability 0.525, so kept 1 - 0.525 * 2 / 3.
+    model, state = _exploration_model(ACTION_SPACES["discrete"], [1.0] * K, rollout_exploration_horizon=H)
+    state = dataclasses.replace(state, time_idx=th.full((K,), 5))
+    out = model._explore(th.zeros(K, 1), state)
+    assert float((out == 0.0).float().mean()) == pytest.approx(1 - 0.525 * 2 / 3, abs=0.03)
+
+
+def test_exploration_multiplier_is_redrawn_only_for_finished_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-env U(0, 1) multiplier is drawn at the start of learn and redrawn only for envs whose episode ended."""
+    env = DummyVecEnv([lambda: CountingEnv(length=3), lambda: CountingEnv(length=5), lambda: CountingEnv(length=1000)])
+    model = tiny_model(env, learning_starts=10_000)
+    records: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    store = model._store_transition
+
+    def recording_store(replay_buffer, buffer_action, new_obs, reward, dones, infos):
+        before = model._explore_scale.copy()
+        store(replay_buffer, buffer_action, new_obs, reward, dones, infos)
+        records.append((before, model._explore_scale.copy(), np.asarray(dones, dtype=bool).copy()))
+
+    monkeypatch.setattr(model, "_store_transition", recording_store)
+    model.learn(3 * 60)
+    assert len(records) == 60
+    first = records[0][0]
+    assert first.shape == (3,) and np.all((first >= 0) & (first < 1)) and len(set(first.tolist())) == 3
+    new_draws = []
+    for step, (before, after, dones) in enumerate(records):
+        assert dones.tolist() == [(step + 1) % 3 == 0, (step + 1) % 5 == 0, False], step
+        np.testing.assert_array_equal(after[~dones], before[~dones], err_msg=f"step {step}")
+        assert np.all(after[dones] != before[dones]), f"step {step}: a finished env keeps its old multiplier"
+        new_draws.extend(after[dones].tolist())
+        if step + 1 < len(records):
+            np.testing.assert_array_equal(records[step + 1][0], after)
+    assert records[-1][1][2] == first[2], "the env that never finished keeps its first multiplier"
+    assert len(new_draws) == 20 + 12
+    assert min(new_draws) >= 0.0 and max(new_draws) < 1.0
+    assert np.mean(new_draws) == pytest.approx(0.5, abs=0.2)

@@ -1,0 +1,105 @@
+"""A newcomer's first run: ``AMAGO("TransformerPolicy", env_id).learn(30_000)`` with nothing else set
+(one env, every default), on POPGym RepeatPreviousEasy, RepeatFirstEasy and CountRecallEasy.
+
+    python benchmarks/first_run.py                                 # the three tasks, seed 0
+    python benchmarks/first_run.py --tasks CountRecallEasy --seeds 1 2
+    python benchmarks/first_run.py --report-only
+
+Every 2,500 env steps a run is evaluated on 16 deterministic episodes; it stops at 30,000 env steps
+or after two evaluations in a row at a POPGym-normalised score of 0.99. Rows go to
+``benchmarks/results/first_run_curves.csv`` (resumable as the ablation record's); the report,
+``first_run.md`` / ``.json``, gives per seed the env steps and training seconds (evaluation
+excluded) to a normalised score of 0.9 and the best score reached. Target: >= 0.9 within 30k.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch as th
+from ablations import Recorder, first_reach, read_rows
+from common import RESULTS_DIR, run_metadata
+
+from sb3_amago import AMAGO
+from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES, popgym_normalized_score
+
+TASKS = ("RepeatPreviousEasy", "RepeatFirstEasy", "CountRecallEasy")
+BUDGET, EVAL_EVERY, TARGET = 30_000, 2_500, 0.9
+
+
+def return_at_score(task: str, score: float) -> float:
+    """The mean return whose POPGym-normalised score is ``score``."""
+    low, high = POPGYM_RETURN_RANGES[task]
+    return low + score * (high - low)
+
+
+def report(csv_path: Path, out_dir: Path) -> None:
+    rows = read_rows(csv_path)
+    finished = {(r["variant"], r["seed"], r["attempt"]) for r in rows if r["final"]}
+    rows = [r for r in rows if (r["variant"], r["seed"], r["attempt"]) in finished]
+    results: dict[str, list[dict]] = {}
+    for task, seed, _ in sorted(finished):
+        run = [r for r in rows if (r["variant"], r["seed"]) == (task, seed)]
+        hit = first_reach(run, return_at_score(task, TARGET))
+        results.setdefault(task, []).append(
+            {
+                "seed": seed,
+                "steps_to_0.9": None if hit is None else hit[0],
+                "seconds_to_0.9": None if hit is None else hit[1],
+                "best_score": max(popgym_normalized_score(task, r["mean_return"]) for r in run),
+                "steps_run": max(r["env_steps"] for r in run),
+            }
+        )
+    meta = run_metadata()
+    (out_dir / "first_run.json").write_text(
+        json.dumps({"budget": BUDGET, "target": TARGET, "results": results, **meta}, indent=2) + "\n"
+    )
+    lines = [
+        "# First run: every default, one env",
+        "",
+        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} thread(s) per run, {meta['cpu_model']}, {meta['date']}.",
+        "",
+        '`AMAGO("TransformerPolicy", env_id, seed=seed)` on one env; per seed: env steps (training seconds, '
+        "evaluation excluded) to a POPGym-normalised score of 0.9 (`-`: not within the steps run), best score.",
+        "",
+        "| task | steps (s) to 0.9 | best score | steps run |",
+        "|---|---|---|---|",
+    ]
+    for task, runs in results.items():
+        reach = " / ".join(
+            "-" if r["steps_to_0.9"] is None else f"{r['steps_to_0.9']:,} ({r['seconds_to_0.9']:.0f})" for r in runs
+        )
+        best = " / ".join(f"{r['best_score']:.3f}" for r in runs)
+        steps = " / ".join(f"{r['steps_run']:,}" for r in runs)
+        lines.append(f"| {task} | {reach} | {best} | {steps} |")
+    (out_dir / "first_run.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    th.set_num_threads(args.threads)
+    csv_path = args.out_dir / "first_run_curves.csv"
+    if not args.report_only:
+        for task in args.tasks:
+            for seed in args.seeds:
+                if any(r["final"] and (r["variant"], r["seed"]) == (task, seed) for r in read_rows(csv_path)):
+                    continue
+                env_id = f"amago-popgym-{task}-v0"
+                model = AMAGO("TransformerPolicy", env_id, seed=seed)
+                stop = return_at_score(task, 0.99)
+                model.learn(
+                    BUDGET, callback=Recorder(task, seed, EVAL_EVERY, BUDGET, csv_path, env_id=env_id, stop_return=stop)
+                )
+    report(csv_path, args.out_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

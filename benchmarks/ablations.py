@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
-from common import RESULTS_DIR, run_metadata
+from common import RESULTS_DIR, provenance, run_metadata
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
@@ -215,10 +215,12 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], note: str
         "",
         note,
         "",
-        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} thread(s) per run, {meta['cpu_model']}, {meta['date']}.",
+        provenance(meta, " per run"),
         "",
-        "Env steps (and training seconds, evaluation excluded) to a mean deterministic return of 0.9 / 0.99, "
-        "one figure per seed (0 / 1 / 2); `>N`: not reached in the N steps the run took.",
+        (
+            "Env steps (and training seconds, evaluation excluded) to a mean deterministic return of 0.9 / 0.99, "
+            "one figure per seed (0 / 1 / 2); `>N`: not reached in the N steps the run took."
+        ),
         "",
         "| variant | what it changes | steps to 0.9 | steps to 0.99 | seconds to 0.99 |",
         "|---|---|---|---|---|",

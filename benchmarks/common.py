@@ -34,20 +34,29 @@ def run_metadata() -> dict[str, Any]:
     }
 
 
+def provenance(meta: dict[str, Any], per: str = "") -> str:
+    """The line under a result table's title: command, torch, threads, CPU, date (from :func:`run_metadata`)."""
+    return (
+        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} thread(s){per}, "
+        f"{meta['cpu_model']}, {meta['date']}."
+    )
+
+
 def markdown(name: str, payload: dict[str, Any]) -> str:
     """The people's table of a result payload (as written to ``<name>.json``); fields of a figure
     beyond value and unit (ratios, references) go in its last column."""
     lines = [
         f"# {name}",
         "",
-        f"`{payload['command']}`; torch {payload['torch_version']}, {payload['threads']} threads, "
-        f"{payload['cpu_model']}, {payload['date']}.",
+        provenance(payload),
         "",
         "| figure | value | unit | details |",
         "|---|---|---|---|",
     ]
     for key, fig in payload["figures"].items():
-        details = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in fig.items() if k not in ("value", "unit"))
+        details = ", ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in fig.items() if k not in ("value", "unit")
+        )
         lines.append(f"| {key} | {fig['value']:.4g} | {fig['unit']} | {details} |")
     return "\n".join(lines) + "\n"
 

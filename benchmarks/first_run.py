@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch as th
 from ablations import Recorder, first_reach, read_rows
-from common import RESULTS_DIR, run_metadata
+from common import RESULTS_DIR, provenance, run_metadata
 
 from sb3_amago import AMAGO
 from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES, popgym_normalized_score
@@ -59,10 +59,12 @@ def report(csv_path: Path, out_dir: Path) -> None:
     lines = [
         "# First run: every default, one env",
         "",
-        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} thread(s) per run, {meta['cpu_model']}, {meta['date']}.",
+        provenance(meta, " per run"),
         "",
-        '`AMAGO("TransformerPolicy", env_id, seed=seed)` on one env; per seed: env steps (training seconds, '
-        "evaluation excluded) to a POPGym-normalised score of 0.9 (`-`: not within the steps run), best score.",
+        (
+            '`AMAGO("TransformerPolicy", env_id, seed=seed)` on one env; per seed: env steps (training seconds, '
+            "evaluation excluded) to a POPGym-normalised score of 0.9 (`-`: not within the steps run), best score."
+        ),
         "",
         "| task | steps (s) to 0.9 | best score | steps run |",
         "|---|---|---|---|",

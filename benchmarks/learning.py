@@ -91,13 +91,10 @@ import gymnasium as gym
 import numpy as np
 import rl_zoo3
 import torch as th
-import yaml
 from common import RESULTS_DIR, run_metadata
 from gymnasium.wrappers import FlattenObservation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from rl_zoo3.exp_manager import ExperimentManager
-from rl_zoo3.utils import get_wrapper_class
 from sb3_contrib import RecurrentPPO
 from stable_baselines3 import DQN, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -108,7 +105,7 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_nor
 
 from sb3_amago import AMAGO
 from sb3_amago.envs.popgym_envs import popgym_normalized_score
-from sb3_amago.zoo import HYPERPARAMS_FILE, evaluate_expression
+from sb3_amago.zoo import HYPERPARAMS_FILE, read_zoo_entry
 
 #: Score a run must reach to count as solving its task.
 THRESHOLD = 0.9
@@ -219,35 +216,25 @@ class RunSettings:
     env_wrapper: Callable[[gym.Env], gym.Env] | None = None
 
 
-def read_entry(path: Path, entry: str) -> dict[str, Any]:
-    """One env's entry of an RL Zoo hyperparameter file (YAML merge keys resolved)."""
-    with open(path) as file:
-        return dict(yaml.safe_load(file)[entry])
-
-
-def run_settings(task: Task, algo: str, budget: int) -> RunSettings:
-    """The zoo entry of ``algo`` for ``task``, adapted to ``budget`` (see the module docstring)."""
+def run_settings(task: Task, algo: str, budget: int, amago_file: Path = HYPERPARAMS_FILE) -> RunSettings:
+    """The zoo entry of ``algo`` for ``task``, adapted to ``budget`` (see the module docstring);
+    AMAGO's entries come from ``amago_file``."""
     if algo == "amago":
-        algo_class, path, entry, flatten = AMAGO, HYPERPARAMS_FILE, task.env_id, False
+        algo_class, path, name, flatten = AMAGO, amago_file, task.env_id, False
     else:
-        algo_class, file_name, entry = PEERS[(algo, task.continuous)]
+        algo_class, file_name, name = PEERS[(algo, task.continuous)]
         path, flatten = ZOO_HYPERPARAMS / file_name, True
-    source = f"{path.name}: {entry}"
-    hyperparams = read_entry(path, entry)
-    scale = min(1.0, budget / float(hyperparams.pop("n_timesteps")))
-    n_envs = int(hyperparams.pop("n_envs", 1))
-    normalize = bool(hyperparams.pop("normalize", False))
-    env_wrapper = get_wrapper_class(hyperparams)
-    hyperparams.pop("env_wrapper", None)
+    entry = read_zoo_entry(name, path)
+    hyperparams = dict(entry.kwargs)
+    scale = min(1.0, budget / float(entry.n_timesteps))
     for key in BUDGET_SCALED_KEYS:
         if key in hyperparams:
             hyperparams[key] = int(hyperparams[key] * scale)
     if "buffer_size" in hyperparams:
         hyperparams["buffer_size"] = min(int(hyperparams["buffer_size"]), budget)
-    if isinstance(hyperparams.get("policy_kwargs"), str):
-        hyperparams["policy_kwargs"] = evaluate_expression("policy_kwargs", hyperparams["policy_kwargs"], source)
-    hyperparams = ExperimentManager._preprocess_schedules(hyperparams)
-    return RunSettings(algo_class, source, n_envs, normalize, flatten, hyperparams, env_wrapper)
+    return RunSettings(
+        algo_class, f"{path.name}: {name}", entry.n_envs, entry.normalize, flatten, hyperparams, entry.env_wrapper
+    )
 
 
 def make_envs(task: Task, settings: RunSettings, n_envs: int, seed: int, training: bool) -> VecEnv:

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import torch as th
-from common import RESULTS_DIR, run_metadata
+from common import RESULTS_DIR, provenance, run_metadata
 from learning import EvalRecorder, RunKey, Task, append_row, drop_unfinished, make_envs, read_rows, run_settings
 from stable_baselines3.common.evaluation import evaluate_policy
+
+from sb3_amago.zoo import HYPERPARAMS_FILE
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,9 @@ EVAL_EPISODES = 10
 EVAL_SEED_OFFSET = 10_000
 
 
-def train_run(key: RunKey, eval_every: int, csv_path: Path) -> None:
+def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> None:
     task = TASKS[key.task]
-    settings = run_settings(task, key.algo, key.budget)
+    settings = run_settings(task, key.algo, key.budget, conf_file)
     env = make_envs(task, settings, settings.n_envs, key.seed, training=True)
     eval_env = make_envs(task, settings, 5, key.seed + EVAL_SEED_OFFSET, training=False)
     model = settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs)
@@ -104,10 +106,12 @@ def markdown(summary: dict[str, dict], meta: dict) -> str:
     lines = [
         "# Swap-in: AMAGO in place of DQN / SAC",
         "",
-        f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} thread(s) per run, {meta['cpu_model']}, {meta['date']}.",
+        provenance(meta, " per run"),
         "",
-        "Per seed: env steps (training seconds, evaluation excluded) to the first evaluation at the solved "
-        "return, `-` if never; final return of 10 deterministic episodes; total training seconds.",
+        (
+            "Per seed: env steps (training seconds, evaluation excluded) to the first evaluation at the solved "
+            "return, `-` if never; final return of 10 deterministic episodes; total training seconds."
+        ),
         "",
         "| task / algorithm | solved at | steps (s) to solved | final return | training s |",
         "|---|---|---|---|---|",
@@ -130,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--eval-every", type=int, default=2_500)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--conf-file", type=Path, default=HYPERPARAMS_FILE, help="AMAGO's hyperparameter file")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
@@ -145,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         r["final"] and (r["task"], r["algo"], r["seed"]) == (name, algo, seed) for r in read_rows(csv_path)
                     ):
                         continue
-                    train_run(key, args.eval_every, csv_path)
+                    train_run(key, args.eval_every, csv_path, args.conf_file)
     rows = read_rows(csv_path)
     done = {(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]}
     rows = [r for r in rows if (r["task"], r["algo"], r["seed"]) in done]

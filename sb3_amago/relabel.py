@@ -174,7 +174,7 @@ class HindsightRelabeler(abc.ABC):
 
 
 class HindsightInstructionRelabeler(HindsightRelabeler):
-    """AMAGO's hindsight instruction relabeling (DESIGN.md §1 part 11) for :mod:`sb3_amago.goals` envs.
+    """AMAGO's hindsight instruction relabeling for :mod:`sb3_amago.goals` envs.
 
     Per sampled rollout, with ``k`` instruction slots:
 

@@ -26,11 +26,13 @@ import difflib
 import inspect
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import optuna
+import yaml
 from gymnasium.envs.registration import load_env_creator
 
 import sb3_amago
@@ -178,6 +180,53 @@ def evaluate_expression(key: str, text: str, where: str) -> Any:
         raise ZooConfigError(
             f"Cannot evaluate hyperparameter '{key}' = {text!r} ({where}): {type(exc).__name__}: {exc}"
         ) from exc
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One env's entry of a zoo hyperparameter file, ready to build the algorithm with.
+
+    :param n_timesteps: the entry's training budget (env steps)
+    :param n_envs: parallel envs
+    :param normalize: whether the zoo wraps the envs in ``VecNormalize``
+    :param env_wrapper: the entry's ``env_wrapper`` as one callable (None: no wrapper), for
+        ``make_vec_env(..., wrapper_class=entry.env_wrapper)``
+    :param kwargs: the algorithm's constructor arguments (``policy`` included), with expressions
+        evaluated and ``lin_<x>`` learning rates turned into schedules, as the zoo does
+    """
+
+    n_timesteps: int
+    n_envs: int
+    normalize: bool
+    env_wrapper: Callable[[gym.Env], gym.Env] | None
+    kwargs: dict[str, Any]
+
+
+def read_zoo_entry(env_id: str, path: Path | str = HYPERPARAMS_FILE) -> ZooEntry:
+    """The entry of ``env_id`` in a zoo hyperparameter file (this package's by default), so a
+    script can train with the settings ``python -m sb3_amago.zoo train`` would use::
+
+        entry = read_zoo_entry("CartPole-v1")
+        env = make_vec_env("CartPole-v1", n_envs=entry.n_envs, wrapper_class=entry.env_wrapper)
+        AMAGO(env=env, **entry.kwargs).learn(entry.n_timesteps)
+    """
+    with open(path) as file:
+        entries = yaml.safe_load(file)
+    if env_id not in entries:
+        raise ZooConfigError(f"{path} has no entry for '{env_id}'; its entries: {', '.join(sorted(entries))}.")
+    hyperparams = dict(entries[env_id])
+    where = f"in the entry for {env_id} in {path}"
+    if "n_timesteps" not in hyperparams:
+        raise ZooConfigError(f"'n_timesteps' is missing {where}: every entry needs it.")
+    n_timesteps = int(float(hyperparams.pop("n_timesteps")))
+    n_envs = int(hyperparams.pop("n_envs", 1))
+    normalize = bool(hyperparams.pop("normalize", False))
+    env_wrapper = rl_zoo3.utils.get_wrapper_class(hyperparams)
+    hyperparams.pop("env_wrapper", None)
+    for key in EVALUATED_KEYS:
+        if isinstance(hyperparams.get(key), str):
+            hyperparams[key] = evaluate_expression(key, hyperparams[key], where)
+    return ZooEntry(n_timesteps, n_envs, normalize, env_wrapper, ExperimentManager._preprocess_schedules(hyperparams))
 
 
 class AmagoExperimentManager(ExperimentManager):

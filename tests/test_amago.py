@@ -413,6 +413,69 @@ def test_save_load_round_trip_with_context(tmp_path) -> None:
     loaded.learn(8, reset_num_timesteps=False)
 
 
+def test_save_carries_the_optimizer_state(tmp_path) -> None:
+    model = tiny_model(CountingEnv(), learning_starts=8, train_freq=4)
+    model.learn(24)
+    model.save(tmp_path / "amago")
+    loaded = AMAGO.load(tmp_path / "amago")
+    saved, restored = model.policy.optimizer.state_dict(), loaded.policy.optimizer.state_dict()
+    assert len(restored["state"]) == len(saved["state"]) > 0
+    for index, moments in saved["state"].items():
+        for key, value in moments.items():
+            assert th.equal(restored["state"][index][key], value), (index, key)
+
+
+def _counting_vec_env() -> DummyVecEnv:
+    """Box actions: any change in what the policy sees changes the actions, the rewards and the replay."""
+    box = spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32)
+    return make_vec_env(lambda: PrevRewardWrapper(CountingEnv(action_space=box, random_length=True)), n_envs=2, seed=3)
+
+
+def _assert_same_run(a: AMAGO, b: AMAGO) -> None:
+    """Every parameter, buffer (PopArt, running norms) and optimizer moment equal, bit for bit."""
+    assert (a.num_timesteps, a._n_updates) == (b.num_timesteps, b._n_updates)
+    state_a, state_b = a.policy.state_dict(), b.policy.state_dict()
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        assert th.equal(state_a[key], state_b[key]), key
+    opt_a, opt_b = a.policy.optimizer.state_dict()["state"], b.policy.optimizer.state_dict()["state"]
+    for index in opt_a:
+        for key in opt_a[index]:
+            assert th.equal(opt_a[index][key], opt_b[index][key]), (index, key)
+
+
+@pytest.mark.parametrize("traj_encoder", ["transformer", "gru"])
+@pytest.mark.parametrize("saved_at", [16, 40])
+def test_resumed_run_continues_identically(tmp_path, traj_encoder: str, saved_at: int) -> None:
+    """Save at a learn boundary (before ``learning_starts``, random actions, or after it, with
+    updates done), resume with load + load_replay_buffer + learn: the same run as one that never
+    stopped. The envs' own state travels as a deep copy (what a user with restorable envs does)."""
+    env = _counting_vec_env()
+    encoder_kwargs = TINY["traj_encoder_kwargs"] if traj_encoder == "transformer" else {"d_hidden": 16}
+    policy_kwargs = {**TINY, "traj_encoder": traj_encoder, "traj_encoder_kwargs": encoder_kwargs}
+    model = tiny_model(
+        env, learning_starts=24, train_freq=4, warmup_steps=50, exploration_steps=200, policy_kwargs=policy_kwargs
+    )
+    model.learn(saved_at)
+    model.save(tmp_path / "amago")
+    model.save_replay_buffer(tmp_path / "replay")
+    saved_env = copy.deepcopy(env)
+    fresh_env = copy.deepcopy(env)
+    model.learn(32, reset_num_timesteps=False)
+
+    resumed = AMAGO.load(tmp_path / "amago", env=saved_env, force_reset=False)
+    resumed.load_replay_buffer(tmp_path / "replay")
+    resumed.learn(32, reset_num_timesteps=False)
+    _assert_same_run(model, resumed)
+
+    # The comparison sees a difference: restarting the envs (SB3's default force_reset) changes the run.
+    restarted = AMAGO.load(tmp_path / "amago", env=fresh_env)
+    restarted.load_replay_buffer(tmp_path / "replay")
+    restarted.learn(32, reset_num_timesteps=False)
+    with pytest.raises(AssertionError):
+        _assert_same_run(model, restarted)
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input
 # --------------------------------------------------------------------------------------------

@@ -3,12 +3,12 @@ whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / pred
 
 import contextlib
 import dataclasses
-import json
 import os
 import pathlib
 import random
 import warnings
 import zipfile
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -390,32 +390,62 @@ class AMAGO(OffPolicyAlgorithm):
         return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        """Saved as state dicts: the policy, its optimizer (AdamW's moments, as SAC saves its
-        optimizers) and :attr:`run_state` (collection context, exploration multipliers, RNG states)."""
-        return ["policy", "policy.optimizer", "run_state"], []
+        """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
+        return ["policy", "policy.optimizer"], []
 
-    @property
-    def run_state(self) -> "RunState":
-        """What continuing collection exactly needs beyond the weights, the optimizer and what SB3
-        keeps in the model file (``num_timesteps``, ``_n_updates``, ``_last_obs``)."""
-        return RunState(self)
+    def run_state(self) -> dict[str, Any]:
+        """What continuing a run exactly needs beyond the weights, the optimizer and what SB3 keeps
+        in the model file itself (``num_timesteps``, ``_n_updates``, ``_last_obs``), as CPU copies:
+
+        - ``"context"``: the per-env collection context (:class:`AmagoState`: sequence-model cache,
+          previous actions ``(N, action_dim)``, time indices ``(N,)``), or None before the first ``learn``
+        - ``"explore_scale"``: the per-env exploration multipliers ``(N,)``, or None
+        - ``"rng"``: the states of torch's (and CUDA's), numpy's and python's global RNGs and of
+          the action space's RNG (random actions before ``learning_starts``)
+        """
+        rng = {
+            "torch": th.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "action_space": self.action_space.np_random.bit_generator.state,
+        }
+        if th.cuda.is_available():
+            rng["cuda"] = th.cuda.get_rng_state_all()
+        return {
+            "context": _map_tensors(self._collect_state, lambda t: t.detach().cpu().clone()),
+            "explore_scale": None if self._explore_scale is None else self._explore_scale.copy(),
+            "rng": rng,
+        }
+
+    def set_run_state(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`run_state` returned: the context on the model's device, the RNG states."""
+        self._collect_state = _map_tensors(state["context"], lambda t: t.to(self.device))
+        self._explore_scale = None if state["explore_scale"] is None else state["explore_scale"].copy()
+        rng = state["rng"]
+        th.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        self.action_space.np_random.bit_generator.state = rng["action_space"]
+        if "cuda" in rng and th.cuda.is_available() and len(rng["cuda"]) == th.cuda.device_count():
+            th.cuda.set_rng_state_all(rng["cuda"])
 
     def save(self, path: str | pathlib.Path | Any, exclude: Any = None, include: Any = None) -> None:
-        """SB3's save, written to a temporary file first and moved into place, so an error while
-        saving never leaves a half-written file over an earlier save."""
-        if not isinstance(path, (str, pathlib.Path)):
-            super().save(path, exclude, include)
-            return
-        target = pathlib.Path(path)
-        if target.suffix == "":
-            target = target.with_suffix(".zip")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}.zip")
+        """SB3's save, plus the optimizer state and :meth:`run_state` (in the file's data, where SB3
+        keeps ``_last_obs``, which the collection context must match), so that :meth:`load`
+        resumes the run exactly. Written to a temporary file first and moved into place, so an
+        error while saving never leaves a half-written file over an earlier save."""
+        self._run_state = self.run_state()
         try:
-            super().save(tmp, exclude, include)
-            os.replace(tmp, target)
+            if not isinstance(path, (str, pathlib.Path)):
+                super().save(path, exclude, include)
+                return
+            target = pathlib.Path(path)
+            if target.suffix == "":
+                target = target.with_suffix(".zip")
+            with _atomic_target(target) as tmp:
+                super().save(tmp, exclude, include)
         finally:
-            tmp.unlink(missing_ok=True)
+            del self._run_state
 
     @classmethod
     def load(cls: type[SelfAMAGO], path: str | pathlib.Path | Any, env: GymEnv | None = None, device: th.device | str = "auto", **kwargs: Any) -> SelfAMAGO:
@@ -432,102 +462,37 @@ class AMAGO(OffPolicyAlgorithm):
             raise ValueError(
                 f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
             )
-        return super().load(path, env=env, device=device, **kwargs)
+        model = super().load(path, env=env, device=device, **kwargs)
+        run_state = model.__dict__.pop("_run_state", None)
+        if run_state is not None:
+            model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model
+        return model
 
 
-class RunState:
-    """The run state an :class:`AMAGO` save carries, as a state dict torch loads with ``weights_only``.
-
-    ``state_dict`` holds the per-env collection context (sequence-model cache, previous actions,
-    time indices), the per-env exploration multipliers, and the states of the RNGs collection
-    and training draw from (torch, numpy's and python's global ones, the action space's).
-    ``load_state_dict`` puts them back, tensors on the model's device; SB3's ``load`` calls it
-    after building the model (which reseeds the RNGs), so the loaded RNGs are the saved ones.
-
-    :param model: the algorithm whose run state this reads and writes
-    """
-
-    def __init__(self, model: "AMAGO") -> None:
-        self.model = model
-
-    def state_dict(self) -> dict[str, Any]:
-        model = self.model
-        collect = None
-        if model._collect_state is not None and model._explore_scale is not None:
-            collect = {
-                "context": _to_saved(model._collect_state),
-                "explore_scale": th.as_tensor(model._explore_scale, dtype=th.float64),
-            }
-        np_state = np.random.get_state()
-        rng = {
-            "torch": th.get_rng_state(),
-            "numpy": {
-                "keys": th.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
-                "pos": int(np_state[2]),
-                "has_gauss": int(np_state[3]),
-                "cached_gaussian": float(np_state[4]),
-            },
-            "python": random.getstate(),
-            # PCG64's state holds 128-bit integers: kept as JSON text.
-            "action_space": json.dumps(model.action_space.np_random.bit_generator.state),
-        }
-        if th.cuda.is_available():
-            rng["cuda"] = th.cuda.get_rng_state_all()
-        return {"collect": collect, "rng": rng}
-
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Restore what :meth:`state_dict` saved (``strict`` is SB3's argument; every key is needed)."""
-        model = self.model
-        collect = state["collect"]
-        if collect is None:
-            model._collect_state, model._explore_scale = None, None
-        else:
-            n_envs = int(collect["explore_scale"].shape[0])
-            model._collect_state = _from_saved(collect["context"], model.policy.initial_state(n_envs))
-            model._explore_scale = collect["explore_scale"].cpu().numpy().astype(np.float64)
-        rng = state["rng"]
-        th.set_rng_state(rng["torch"].cpu())
-        np_rng = rng["numpy"]
-        np.random.set_state(
-            ("MT19937", np_rng["keys"].cpu().numpy().astype(np.uint32), np_rng["pos"], np_rng["has_gauss"], np_rng["cached_gaussian"])
-        )
-        random.setstate(rng["python"])
-        model.action_space.np_random.bit_generator.state = json.loads(rng["action_space"])
-        if "cuda" in rng and th.cuda.is_available() and len(rng["cuda"]) == th.cuda.device_count():
-            th.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
-
-
-def _to_saved(value: Any) -> Any:
-    """A collection context as CPU tensors, dicts, lists and plain values (what ``weights_only`` loads)."""
+def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor inside its dataclasses, tuples, lists and dicts."""
     if isinstance(value, th.Tensor):
-        return value.detach().cpu().clone()
+        return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_saved(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)})
     if isinstance(value, (tuple, list)):
-        return [_to_saved(v) for v in value]
+        return type(value)(_map_tensors(v, fn) for v in value)
     if isinstance(value, dict):
-        return {k: _to_saved(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(
-        f"Cannot save a {type(value).__name__} held in the collection context: a trajectory encoder's state must be "
-        "made of tensors, numbers, dataclasses, tuples, lists and dicts."
-    )
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
 
 
-def _from_saved(saved: Any, template: Any) -> Any:
-    """Rebuild a collection context from :func:`_to_saved`'s output, with the types, dtypes and devices of
-    ``template`` (a fresh context for as many envs)."""
-    if isinstance(template, th.Tensor):
-        return saved.to(device=template.device, dtype=template.dtype)
-    if dataclasses.is_dataclass(template) and not isinstance(template, type):
-        fields = {f.name: _from_saved(saved[f.name], getattr(template, f.name)) for f in dataclasses.fields(template)}
-        return dataclasses.replace(template, **fields)
-    if isinstance(template, (tuple, list)):
-        return type(template)(_from_saved(s, t) for s, t in zip(saved, template, strict=True))
-    if isinstance(template, dict):
-        return {k: _from_saved(saved[k], v) for k, v in template.items()}
-    return saved
+@contextlib.contextmanager
+def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A temporary path beside ``target`` to write to; moved onto ``target`` only if the block
+    completes, removed in every case (an interrupted write never replaces a good file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{target.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def check_observation_space(space: spaces.Space) -> None:

@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import pickle
 import random
 import warnings
 import zipfile
@@ -18,10 +19,10 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.save_util import load_from_zip_file
+from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 
-from sb3_amago.buffers import TrajectoryReplayBuffer
+from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.loss import LossConfig, amago_loss
 from sb3_amago.nets.heads import action_nvec
 from sb3_amago.policies import AmagoState, TransformerPolicy
@@ -447,6 +448,66 @@ class AMAGO(OffPolicyAlgorithm):
         finally:
             del self._run_state
 
+    def save_replay_buffer(self, path: str | pathlib.Path | Any) -> None:
+        """SB3's save_replay_buffer (a pickle, ``.pkl`` added to a path without suffix), written to a
+        temporary file and moved into place: a save interrupted half-way (KeyboardInterrupt, full
+        disk) never replaces an earlier good file."""
+        if not isinstance(path, (str, pathlib.Path)):
+            super().save_replay_buffer(path)
+            return
+        target = pathlib.Path(path)
+        if target.suffix == "":
+            target = target.with_suffix(".pkl")
+        with _atomic_target(target) as tmp, open(tmp, "wb") as file:
+            pickle.dump(self.replay_buffer, file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load_replay_buffer(self, path: str | pathlib.Path | Any, truncate_last_traj: bool = True) -> None:
+        """SB3's load_replay_buffer, checked before it replaces the model's replay: a file that is
+        truncated or not a replay, from another sb3-amago replay format, or for other spaces or
+        another number of envs raises a ValueError and the model keeps its replay.
+
+        :param path: a file from :meth:`save_replay_buffer`
+        :param truncate_last_traj: SB3's argument for HER buffers; unused (a resumed run continues
+            the stored rollouts, a fresh env closes them, see the README's "Resuming a run")
+        """
+        try:
+            buffer = load_from_pkl(path, self.verbose)
+        except FileNotFoundError:
+            raise
+        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{path} is not a readable replay file ({type(exc).__name__}: {exc}); it may be truncated or corrupted. "
+                "The model keeps its replay."
+            ) from exc
+        self._check_loaded_replay(buffer, path)
+        buffer.device = self.device
+        buffer.max_seq_len = self.max_seq_len  # windows are cut when sampled: the model's length applies
+        self.replay_buffer = buffer
+
+    def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
+        """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
+        if not isinstance(buffer, TrajectoryReplayBuffer):
+            raise ValueError(
+                f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
+                "load a replay saved by AMAGO.save_replay_buffer."
+            )
+        version = getattr(buffer, "format_version", None)
+        if version != REPLAY_FORMAT_VERSION:
+            raise ValueError(
+                f"{path} holds a replay in format version {version}, but this sb3-amago reads version "
+                f"{REPLAY_FORMAT_VERSION}: load it with the sb3-amago version that saved it, or collect a new replay."
+            )
+        for name, saved, ours in (
+            ("observation space", buffer.observation_space, self.observation_space),
+            ("action space", buffer.action_space, self.action_space),
+            ("number of envs", buffer.n_envs, self.n_envs),
+        ):
+            if saved != ours:
+                raise ValueError(
+                    f"{path} holds a replay for {name} {saved}, but this model has {ours}: load it into a model "
+                    "built for the same env (and number of envs)."
+                )
+
     @classmethod
     def load(cls: type[SelfAMAGO], path: str | pathlib.Path | Any, env: GymEnv | None = None, device: th.device | str = "auto", **kwargs: Any) -> SelfAMAGO:
         """SB3's load, with clear errors for files that are not AMAGO models."""
@@ -490,6 +551,8 @@ def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{target.suffix}")
     try:
         yield tmp
+        with open(tmp, "rb+") as written:
+            os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave an empty file
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

@@ -21,6 +21,9 @@ except ImportError:  # pragma: no cover
 
 # Storage key of a non-Dict observation.
 _SINGLE_KEY = "observation"
+# Version of the pickled layout (attributes and array meanings); a saved buffer records it and
+# AMAGO.load_replay_buffer refuses files of another version. Raise it when the layout changes.
+REPLAY_FORMAT_VERSION = 1
 
 
 def _check_discrete(name: str, value: np.ndarray, low: np.ndarray | int, high: np.ndarray | int) -> None:
@@ -147,6 +150,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             relabeler.check(observation_space)
             hidden = tuple(relabeler.hidden_keys)
         self.hidden_keys = hidden
+        self.format_version = REPLAY_FORMAT_VERSION
         self.reset()
 
     # ------------------------------------------------------------------ storage

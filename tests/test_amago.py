@@ -3,6 +3,7 @@ what collection feeds the policy, acting with state, save/load, and clear errors
 
 import copy
 import dataclasses
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -474,6 +475,69 @@ def test_resumed_run_continues_identically(tmp_path, traj_encoder: str, saved_at
     restarted.learn(32, reset_num_timesteps=False)
     with pytest.raises(AssertionError):
         _assert_same_run(model, restarted)
+
+
+def test_interrupted_replay_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = filled_model(CountingEnv(), steps=24)
+    path = tmp_path / "replay.pkl"
+    model.save_replay_buffer(path)
+    original = path.read_bytes()
+    model.learn(8, reset_num_timesteps=False)
+
+    def interrupted_dump(obj, file, protocol=None) -> None:
+        file.write(b"half of a replay")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pickle, "dump", interrupted_dump)
+    with pytest.raises(KeyboardInterrupt):
+        model.save_replay_buffer(path)
+    assert path.read_bytes() == original
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.pkl"]
+    monkeypatch.undo()
+    model.save_replay_buffer(tmp_path / "replay")  # SB3's default suffix
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay.pkl"]
+    assert path.read_bytes() != original
+
+
+def _bad_replay_files(tmp_path, model: AMAGO) -> dict[str, tuple[object, str]]:
+    """Files load_replay_buffer must refuse, each with the words its error must contain."""
+    good = tmp_path / "good.pkl"
+    model.save_replay_buffer(good)
+    files = {}
+    truncated = tmp_path / "truncated.pkl"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    files["truncated"] = (truncated, "truncated")
+    old = copy.deepcopy(model.replay_buffer)
+    old.format_version = 0
+    old_path = tmp_path / "old.pkl"
+    old_path.write_bytes(pickle.dumps(old))
+    files["version"] = (old_path, "format version 0")
+    other_model = filled_model(CountingEnv(action_space=spaces.Discrete(5)), steps=16)
+    other_model.save_replay_buffer(tmp_path / "other_action.pkl")
+    files["action space"] = (tmp_path / "other_action.pkl", "action space")
+    other_obs = filled_model(PrevRewardWrapper(CountingEnv()), steps=16)
+    other_obs.save_replay_buffer(tmp_path / "other_obs.pkl")
+    files["observation space"] = (tmp_path / "other_obs.pkl", "observation space")
+    other_envs = filled_model(make_vec_env(CountingEnv, n_envs=2), steps=16)
+    other_envs.save_replay_buffer(tmp_path / "other_envs.pkl")
+    files["n_envs"] = (tmp_path / "other_envs.pkl", "number of envs")
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, policy_kwargs={"net_arch": [8]})
+    sac.save_replay_buffer(tmp_path / "sac.pkl")
+    files["sac"] = (tmp_path / "sac.pkl", "not an AMAGO TrajectoryReplayBuffer")
+    return files
+
+
+def test_bad_replay_files_are_refused_and_the_model_stays_usable(tmp_path) -> None:
+    model = filled_model(CountingEnv(), steps=24)
+    replay = model.replay_buffer
+    for name, (path, words) in _bad_replay_files(tmp_path, model).items():
+        with pytest.raises(ValueError, match=words):
+            model.load_replay_buffer(path)
+        assert model.replay_buffer is replay, name
+    model.learn(8, reset_num_timesteps=False)
+    assert model._n_updates > 0
+    model.load_replay_buffer(tmp_path / "good.pkl")
+    assert model.replay_buffer is not replay and model.replay_buffer.size() > 0
 
 
 # --------------------------------------------------------------------------------------------

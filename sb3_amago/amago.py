@@ -21,12 +21,13 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.loss import LossConfig, amago_loss
 from sb3_amago.nets.heads import action_nvec
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.wrappers import PREV_REWARD_KEY, FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 
@@ -176,6 +177,15 @@ class AMAGO(OffPolicyAlgorithm):
         self._explore_scale: np.ndarray | None = None
         if _init_setup_model:
             self._setup_model()
+
+    @staticmethod
+    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
+        """SB3's wrapping (Monitor, DummyVecEnv, VecTransposeImage), after turning a Tuple or nested
+        Dict observation space, which SB3 cannot store, into one flat Dict
+        (:class:`~sb3_amago.wrappers.FlatDictObservation`, or its VecEnv version for a VecEnv)."""
+        if is_structured(env.observation_space):
+            env = VecFlatDictObservation(env) if isinstance(env, VecEnv) else FlatDictObservation(env)
+        return OffPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     @property
     def loss_config(self) -> LossConfig:
@@ -559,12 +569,13 @@ def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
 
 
 def check_observation_space(space: spaces.Space) -> None:
-    """Raise a clear error for observation spaces AMAGO cannot embed."""
-    parts = space.spaces.items() if isinstance(space, spaces.Dict) else [("observation", space)]
-    for key, sub in parts:
+    """Raise a clear error for observation spaces AMAGO cannot embed (Tuple and Dict spaces, nested
+    or not, are checked part by part)."""
+    for key, sub in flat_dict_space(space).spaces.items():
         if not isinstance(sub, SUPPORTED_OBS_SPACES):
             raise ValueError(
                 f"Observation '{key}' has space {sub}, which AMAGO cannot embed. Supported: Box, Discrete, "
-                "MultiDiscrete, MultiBinary, and a Dict of these (sb3_amago.PrevRewardWrapper turns a Tuple into a Dict)."
+                "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
+                "this part into one of them (or drop it)."
             )
 

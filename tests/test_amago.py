@@ -622,7 +622,7 @@ def test_failed_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.Monkey
     "name", ["AutoencodeEasy", "BattleshipEasy", "ConcentrationEasy", "LabyrinthEscapeEasy", "PositionOnlyPendulumEasy"]
 )
 def test_runs_on_popgym_spaces(name: str) -> None:
-    """Tuple observations (as Dict keys), MultiDiscrete observations and actions, Box actions."""
+    """Tuple observations (wrapped as Dict keys, or raw), MultiDiscrete observations and actions, Box actions."""
     env = gym.make(f"amago-popgym-{name}-v0")
     model = tiny_model(env, learning_starts=30)
     model.learn(60)
@@ -630,11 +630,12 @@ def test_runs_on_popgym_spaces(name: str) -> None:
     obs, _ = env.reset(seed=0)
     action, state = model.predict(obs, deterministic=True)
     assert env.action_space.contains(action)
-    # The raw popgym observation (a tuple for Autoencode) is refused with the fix named.
+    # The raw popgym observation (a tuple for Autoencode) is taken as it is.
     raw = env.unwrapped
     if isinstance(raw.observation_space, spaces.Tuple):
-        with pytest.raises(ValueError, match="PrevRewardWrapper"):
-            AMAGO("TransformerPolicy", raw)
+        raw_model = tiny_model(raw)
+        raw_obs, _ = raw.reset(seed=0)
+        assert raw.action_space.contains(raw_model.predict(raw_obs)[0])
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Pipeline for a batch of windows ``(B, L)``::
 
-    validate -> zero padded rows -> flatten to (B * L, ...) -> running normalisation of float Box parts
+    validate -> flatten to (B * L, ...) -> Discrete / MultiDiscrete values less the space's start
+    -> zero padded rows -> running normalisation of non-image Box parts (float or integer)
     -> SB3 preprocess_obs -> features extractor -> concat [features, previous-action features]
     -> MLP (leaky ReLU) -> Linear(d_out) -> LayerNorm
 """
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.preprocessing import get_action_dim, is_image_space, preprocess_obs
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape, is_image_space, preprocess_obs
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 from torch.nn import functional as F
@@ -97,7 +98,7 @@ class TimestepEncoder(nn.Module):
     :param features_extractor_kwargs: passed to the extractor's constructor
     :param d_out: embedding size
     :param hidden_sizes: MLP hidden layers
-    :param normalize_obs: running normalisation of the float (non-image) Box parts
+    :param normalize_obs: running normalisation of the non-image Box parts (float or integer)
     :param instruction_keys: Dict keys of goal-token sequences (for the default extractor)
     :param ignore_keys: Dict keys the policy never sees (dropped from the space and the input)
     """
@@ -130,12 +131,16 @@ class TimestepEncoder(nn.Module):
             {
                 key: RunningNorm(space.shape)
                 for key, space in self.obs_spaces.items()
-                if normalize_obs
-                and isinstance(space, spaces.Box)
-                and not is_image_space(space)
-                and np.issubdtype(space.dtype, np.floating)
+                if normalize_obs and isinstance(space, spaces.Box) and not is_image_space(space)
             }
         )
+        # Discrete / MultiDiscrete values start at the space's ``start``; one-hot codes count from 0.
+        self._start_buffers: dict[str, str] = {}
+        for i, (key, space) in enumerate(self.obs_spaces.items()):
+            if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+                start = np.asarray(space.start, dtype=np.int64).reshape(get_obs_shape(space))
+                self._start_buffers[key] = f"obs_start_{i}"
+                self.register_buffer(self._start_buffers[key], th.as_tensor(start), persistent=False)
         extractor_kwargs = dict(features_extractor_kwargs or {})
         if features_extractor_class is None:
             features_extractor_class = AmagoExtractor
@@ -224,6 +229,8 @@ class TimestepEncoder(nn.Module):
         flat = {}
         for key, x in obs_dict.items():
             x = x.reshape(batch * length, *x.shape[2:])
+            if key in self._start_buffers:
+                x = x - self.get_buffer(self._start_buffers[key]).to(x.dtype)
             x = th.where(real.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
             if key in self.obs_norms:
                 x = self.obs_norms[key](x, real)

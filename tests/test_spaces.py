@@ -1,6 +1,6 @@
 """Observation spaces a user brings, taken as they are: each builds a model, is collected into the
 replay, trains, and is acted on by predict (raw observations of the user's env); non-finite values
-are refused with the part named."""
+are refused with the part named; images of every size get a CNN that fits them, or a clear error."""
 
 import gymnasium as gym
 import numpy as np
@@ -8,8 +8,10 @@ import pytest
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.torch_layers import NatureCNN
 
 from sb3_amago import AMAGO
+from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SmallImageCNN
 from sb3_amago.wrappers import flat_dict_obs, flat_dict_space
 
 TINY = {
@@ -173,3 +175,62 @@ def test_non_finite_values_are_refused_with_the_part_named(name: str) -> None:
         model.predict(obs)
     with pytest.raises(ValueError, match="NaN or infinite"):
         tiny_model(SpaceEnv(space, nan_at=3)).learn(8)
+
+
+# --------------------------------------------------------------------------------------------
+# Images of any size
+# --------------------------------------------------------------------------------------------
+IMAGE_SHAPES = {
+    "3x3x3": (3, 3, 3),
+    "5x5x3": (5, 5, 3),
+    "7x7x3": (7, 7, 3),
+    "odd_5x9x3": (5, 9, 3),
+    "channel_first_3x5x9": (3, 5, 9),
+    "35x35x1_largest_small": (35, 35, 1),
+    "36x36x3_smallest_nature": (36, 36, 3),
+    "64x64x3": (64, 64, 3),
+    "84x84x1": (84, 84, 1),
+}
+
+
+def image_space(shape: tuple[int, ...]) -> spaces.Box:
+    return spaces.Box(0, 255, shape, dtype=np.uint8)
+
+
+def _image_cnn(model: AMAGO) -> th.nn.Module:
+    (encoder,) = model.policy.timestep_encoder.features_extractor.encoders.values()
+    return encoder.cnn
+
+
+@pytest.mark.parametrize("name", list(IMAGE_SHAPES))
+def test_images_of_any_size_build_train_and_predict(name: str) -> None:
+    shape = IMAGE_SHAPES[name]
+    model = tiny_model(SpaceEnv(image_space(shape)), policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn_features_dim": 16}})
+    expected = NatureCNN if min(sorted(shape)[1:]) >= NATURE_CNN_MIN_SIZE else SmallImageCNN
+    assert isinstance(_image_cnn(model), expected)
+    model.learn(14)
+    assert model._n_updates > 0
+    obs, _ = SpaceEnv(image_space(shape)).reset(seed=0)
+    action, _ = model.predict(obs)
+    assert action in (0, 1)
+
+
+@pytest.mark.parametrize("cnn", ["impala", "small"])
+def test_small_odd_image_with_each_cnn_and_beside_other_keys(cnn: str) -> None:
+    space = spaces.Dict({"image": image_space((5, 9, 3)), "vector": spaces.Box(-1, 1, (2,))})
+    kwargs = {"cnn": cnn, "cnn_features_dim": 16}
+    model = tiny_model(SpaceEnv(space), policy_kwargs={**TINY, "features_extractor_kwargs": kwargs})
+    model.learn(14)
+    assert model._n_updates > 0
+    obs, _ = SpaceEnv(space).reset(seed=0)
+    assert model.predict(obs)[0] in (0, 1)
+
+
+def test_image_too_small_for_the_chosen_cnn_fails_at_construction_with_the_fix() -> None:
+    env = SpaceEnv(image_space((7, 7, 3)))
+    with pytest.raises(ValueError, match=r"at least 36x36.*got 7x7.*cnn='auto'"):
+        tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "nature"}})
+    with pytest.raises(ValueError, match=r"NatureCNN cannot take the image observations.*36x36.*features_extractor_class unset"):
+        tiny_model(env, policy_kwargs={**TINY, "features_extractor_class": NatureCNN})
+    with pytest.raises(ValueError, match="Unknown cnn"):
+        tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "resnet"}})

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY
 from sb3_amago.nets.heads import action_nvec
-from sb3_amago.nets.obs_extractors import SINGLE_KEY, AmagoExtractor, as_space_dict
+from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SINGLE_KEY, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
 OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -145,7 +145,7 @@ class TimestepEncoder(nn.Module):
         if features_extractor_class is None:
             features_extractor_class = AmagoExtractor
             extractor_kwargs.setdefault("instruction_keys", tuple(instruction_keys))
-        self.features_extractor = features_extractor_class(observation_space, **extractor_kwargs)
+        self.features_extractor = self._built_extractor(features_extractor_class, extractor_kwargs)
         layers: list[nn.Module] = []
         width = self.features_extractor.features_dim + self.action_features_dim
         for hidden in hidden_sizes:
@@ -153,6 +153,36 @@ class TimestepEncoder(nn.Module):
             width = hidden
         self.mlp = nn.Sequential(*layers, nn.Linear(width, d_out), nn.LayerNorm(d_out))
         self.d_out = d_out
+
+    def _built_extractor(self, extractor_class: type[BaseFeaturesExtractor], kwargs: dict[str, Any]) -> BaseFeaturesExtractor:
+        """Build the features extractor; for image observations, also run it once on a blank batch
+        (in eval mode) so that a CNN the images are too small for fails now, with the fix named,
+        instead of at the first update.
+
+        :raises ValueError: if the extractor cannot take the image sizes
+        """
+        images = {key: tuple(space.shape) for key, space in self.obs_spaces.items() if is_image_space(space)}
+        try:
+            extractor = extractor_class(self.observation_space, **kwargs)
+            if images:
+                blank = {
+                    key: preprocess_obs(th.zeros((2, *get_obs_shape(space)), dtype=th.long), space)
+                    for key, space in self.obs_spaces.items()
+                }
+                training = extractor.training
+                with th.no_grad():
+                    extractor.eval()(blank if isinstance(self.observation_space, spaces.Dict) else blank[SINGLE_KEY])
+                extractor.train(training)
+        except RuntimeError as exc:
+            if not images:
+                raise
+            raise ValueError(
+                f"The features extractor {extractor_class.__name__} cannot take the image observations {images} ({exc}). "
+                f"SB3's NatureCNN needs at least {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} pixels per image: for smaller "
+                "images leave features_extractor_class unset (AMAGO's default extractor picks a CNN for every size) or give "
+                "an extractor with smaller kernels and strides."
+            ) from exc
+        return extractor
 
     @property
     def action_features_dim(self) -> int:

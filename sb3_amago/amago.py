@@ -125,9 +125,12 @@ class AMAGO(OffPolicyAlgorithm):
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if hasattr(env, "observation_space"):
             check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
-        gammas = (*multigammas, gamma)
-        if any(not 0.0 <= g < 1.0 for g in gammas):
-            raise ValueError(f"every discount factor must lie in [0, 1), got {gammas}")
+        check_discounts(gamma, multigammas)
+        if not 0.0 <= float(tau) <= 1.0:
+            raise ValueError(
+                f"tau must lie in [0, 1] (the rate at which the target heads follow the online ones each update; "
+                f"AMAGO's default is 0.003), got {tau}."
+            )
         super().__init__(
             policy,
             env,
@@ -153,6 +156,8 @@ class AMAGO(OffPolicyAlgorithm):
             sde_support=False,
             supported_action_spaces=(spaces.Discrete, spaces.MultiDiscrete, spaces.Box),
         )
+        if self.env is not None:
+            check_replay_sizes(buffer_size, batch_size, learning_starts, train_freq, int(max_seq_len), self.n_envs)
         self.max_seq_len = int(max_seq_len)
         self.multigammas = tuple(float(g) for g in multigammas)
         self.n_critics = int(n_critics)
@@ -566,6 +571,42 @@ def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
+    """Raise a ValueError naming the argument unless every discount factor lies in [0, 1)."""
+    for name, values in (("gamma", (gamma,)), ("multigammas", tuple(multigammas))):
+        bad = [g for g in values if not 0.0 <= float(g) < 1.0]
+        if bad:
+            raise ValueError(
+                f"{name} holds {bad}: every discount factor must lie in [0, 1) (a critic with gamma >= 1 has no "
+                f"finite value). Use values such as 0.99 or 0.999."
+            )
+
+
+def check_replay_sizes(
+    buffer_size: int, batch_size: int, learning_starts: int, train_freq: int | tuple[int, str], max_seq_len: int, n_envs: int
+) -> None:
+    """Raise a ValueError naming the argument and the fix if the replay cannot hold one training
+    window per env column, or holds fewer transitions at the first update than a batch has windows."""
+    per_env = buffer_size // n_envs
+    if per_env < max_seq_len + 1:
+        raise ValueError(
+            f"buffer_size={buffer_size} holds {per_env} steps per env ({n_envs} envs), less than one training window "
+            f"(max_seq_len + 1 = {max_seq_len + 1} steps): raise buffer_size to at least {(max_seq_len + 1) * n_envs} "
+            "or lower max_seq_len."
+        )
+    frequency, unit = (train_freq, "step") if isinstance(train_freq, int) else train_freq
+    steps_per_round = int(frequency) * n_envs if getattr(unit, "value", unit) == "step" else 1
+    # SB3 trains once num_timesteps > learning_starts, after whole rounds of train_freq steps of every env.
+    first_update = -(-(learning_starts + 1) // steps_per_round) * steps_per_round
+    held = min(first_update, buffer_size)
+    if batch_size > held:
+        raise ValueError(
+            f"batch_size={batch_size} windows is more than the {held} transitions the replay holds at the first update "
+            f"(learning_starts={learning_starts}, buffer_size={buffer_size}): raise learning_starts to at least "
+            f"{batch_size} or lower batch_size."
+        )
 
 
 def check_observation_space(space: spaces.Space) -> None:

@@ -116,7 +116,20 @@ class TransformerPolicy(BasePolicy):
         self.actor_hidden, self.critic_hidden = head_sizes(net_arch, actor_hidden, critic_hidden)
         self.popart_kwargs = dict(popart_kwargs or {})
         self.buffer_action_dim = get_action_dim(action_space)
+        self._check_position_table()
         self._build(lr_schedule)
+
+    def _check_position_table(self) -> None:
+        """A learnable position table must cover the time indices of a whole training window."""
+        kwargs = self.traj_encoder_kwargs
+        max_time = kwargs.get("max_time")
+        if self.traj_encoder_name == "transformer" and kwargs.get("pos_emb") == "learnable" and max_time is not None:
+            if max_time < self.max_seq_len + 1:
+                raise ValueError(
+                    f"policy_kwargs traj_encoder_kwargs max_time={max_time} (the learnable position table's rows) is "
+                    f"smaller than a training window (max_seq_len + 1 = {self.max_seq_len + 1} time indices): raise "
+                    "max_time to the longest rollout, at least max_seq_len + 1, or lower max_seq_len."
+                )
 
     def _build(self, lr_schedule: Schedule) -> None:
         self.timestep_encoder = TimestepEncoder(

@@ -549,8 +549,39 @@ def test_bad_constructor_arguments() -> None:
         tiny_model(env, batch_size=0)
     with pytest.raises(ValueError, match="max_seq_len"):
         tiny_model(env, max_seq_len=0)
-    with pytest.raises(ValueError, match="discount"):
+    with pytest.raises(ValueError, match=r"gamma holds \[1.0\].*discount"):
         tiny_model(env, gamma=1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"tau": -0.01}, r"tau must lie in \[0, 1\].*got -0.01"),
+        ({"tau": 1.5}, r"tau must lie in \[0, 1\].*got 1.5"),
+        ({"multigammas": (0.9, 1.0)}, r"multigammas holds \[1.0\].*\[0, 1\).*0.99"),
+        ({"multigammas": (1.2,)}, r"multigammas holds \[1.2\]"),
+        (
+            {"policy_kwargs": {**TINY, "traj_encoder_kwargs": {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 8}}},
+            r"max_time=8.*max_seq_len \+ 1 = 9.*raise max_time",
+        ),
+        ({"buffer_size": 8}, r"buffer_size=8 holds 8 steps per env.*at least 9"),
+        ({"buffer_size": 16, "n_envs": 2}, r"buffer_size=16 holds 8 steps per env \(2 envs\).*at least 18"),
+        ({"batch_size": 64, "learning_starts": 20}, r"batch_size=64.*24 transitions.*learning_starts=20.*at least 64"),
+        ({"batch_size": 64, "learning_starts": 1000, "buffer_size": 40}, r"batch_size=64.*40 transitions.*buffer_size=40"),
+    ],
+)
+def test_out_of_range_hyperparameters_are_named_at_construction(kwargs: dict, words: str) -> None:
+    kwargs = dict(kwargs)
+    env = make_vec_env(CountingEnv, n_envs=kwargs.pop("n_envs", 1))
+    with pytest.raises(ValueError, match=words):
+        tiny_model(env, **kwargs)
+
+
+def test_hyperparameters_at_the_limits_are_accepted() -> None:
+    encoder = {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 9}
+    tiny_model(CountingEnv(), tau=1.0, multigammas=(0.0,), policy_kwargs={**TINY, "traj_encoder_kwargs": encoder})
+    tiny_model(CountingEnv(), tau=0.0, buffer_size=9, batch_size=9, learning_starts=8)
+    tiny_model(make_vec_env(CountingEnv, n_envs=2), batch_size=24, learning_starts=16, buffer_size=48)
 
 
 def test_unsupported_spaces_are_named() -> None:

@@ -502,7 +502,7 @@ class AMAGO(OffPolicyAlgorithm):
     def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
         """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
         if not isinstance(buffer, TrajectoryReplayBuffer):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 (the file's content is wrong, not an argument's type)
                 f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
                 "load a replay saved by AMAGO.save_replay_buffer."
             )
@@ -550,7 +550,8 @@ def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
     if isinstance(value, th.Tensor):
         return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)})
+        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
     if isinstance(value, (tuple, list)):
         return type(value)(_map_tensors(v, fn) for v in value)
     if isinstance(value, dict):

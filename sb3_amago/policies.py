@@ -123,13 +123,13 @@ class TransformerPolicy(BasePolicy):
         """A learnable position table must cover the time indices of a whole training window."""
         kwargs = self.traj_encoder_kwargs
         max_time = kwargs.get("max_time")
-        if self.traj_encoder_name == "transformer" and kwargs.get("pos_emb") == "learnable" and max_time is not None:
-            if max_time < self.max_seq_len + 1:
-                raise ValueError(
-                    f"policy_kwargs traj_encoder_kwargs max_time={max_time} (the learnable position table's rows) is "
-                    f"smaller than a training window (max_seq_len + 1 = {self.max_seq_len + 1} time indices): raise "
-                    "max_time to the longest rollout, at least max_seq_len + 1, or lower max_seq_len."
-                )
+        learnable = self.traj_encoder_name == "transformer" and kwargs.get("pos_emb") == "learnable"
+        if learnable and max_time is not None and max_time < self.max_seq_len + 1:
+            raise ValueError(
+                f"policy_kwargs traj_encoder_kwargs max_time={max_time} (the learnable position table's rows) is "
+                f"smaller than a training window (max_seq_len + 1 = {self.max_seq_len + 1} time indices): raise "
+                "max_time to the longest rollout, at least max_seq_len + 1, or lower max_seq_len."
+            )
 
     def _build(self, lr_schedule: Schedule) -> None:
         self.timestep_encoder = TimestepEncoder(
@@ -346,7 +346,9 @@ class TransformerPolicy(BasePolicy):
 
     def _is_observation(self, value: tuple) -> bool:
         """Whether a tuple is an observation of this model's space (a Tuple observation, flattened)."""
-        return isinstance(self.observation_space, spaces.Dict) and set(flat_dict_obs(value)) >= set(self.observation_space.spaces)
+        return isinstance(self.observation_space, spaces.Dict) and set(flat_dict_obs(value)) >= set(
+            self.observation_space.spaces
+        )
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         """Action for a first observation with no context (SB3's stateless interface)."""

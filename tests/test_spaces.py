@@ -70,7 +70,9 @@ SPACES = {
     "nested_dict": spaces.Dict(
         {
             "a": spaces.Box(-1, 1, (2,)),
-            "b": spaces.Dict({"c": spaces.Discrete(3), "d": spaces.Tuple((spaces.Box(-1, 1, (1,)), spaces.MultiDiscrete([2, 3])))}),
+            "b": spaces.Dict(
+                {"c": spaces.Discrete(3), "d": spaces.Tuple((spaces.Box(-1, 1, (1,)), spaces.MultiDiscrete([2, 3])))}
+            ),
         }
     ),
     "multibinary": spaces.MultiBinary(5),
@@ -124,9 +126,7 @@ def test_tuple_vec_env_and_save_load(tmp_path) -> None:
     model.save(tmp_path / "model")
     loaded = AMAGO.load(tmp_path / "model", env=SpaceEnv(space))
     single, _ = SpaceEnv(space).reset(seed=0)
-    np.testing.assert_array_equal(
-        model.predict(single, deterministic=True)[0], loaded.predict(single, deterministic=True)[0]
-    )
+    np.testing.assert_array_equal(model.predict(single, deterministic=True)[0], loaded.predict(single, deterministic=True)[0])
     loaded.learn(8)
 
 
@@ -205,7 +205,9 @@ def _image_cnn(model: AMAGO) -> th.nn.Module:
 @pytest.mark.parametrize("name", list(IMAGE_SHAPES))
 def test_images_of_any_size_build_train_and_predict(name: str) -> None:
     shape = IMAGE_SHAPES[name]
-    model = tiny_model(SpaceEnv(image_space(shape)), policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn_features_dim": 16}})
+    model = tiny_model(
+        SpaceEnv(image_space(shape)), policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn_features_dim": 16}}
+    )
     expected = NatureCNN if min(sorted(shape)[1:]) >= NATURE_CNN_MIN_SIZE else SmallImageCNN
     assert isinstance(_image_cnn(model), expected)
     model.learn(14)
@@ -230,7 +232,9 @@ def test_image_too_small_for_the_chosen_cnn_fails_at_construction_with_the_fix()
     env = SpaceEnv(image_space((7, 7, 3)))
     with pytest.raises(ValueError, match=r"at least 36x36.*got 7x7.*cnn='auto'"):
         tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "nature"}})
-    with pytest.raises(ValueError, match=r"NatureCNN cannot take the image observations.*36x36.*features_extractor_class unset"):
+    with pytest.raises(
+        ValueError, match=r"NatureCNN cannot take the image observations.*36x36.*features_extractor_class unset"
+    ):
         tiny_model(env, policy_kwargs={**TINY, "features_extractor_class": NatureCNN})
     with pytest.raises(ValueError, match="Unknown cnn"):
         tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "resnet"}})

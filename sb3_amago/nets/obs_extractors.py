@@ -154,7 +154,11 @@ class ImageEncoder(nn.Module):
         super().__init__()
         self.channels_last = not is_image_space_channels_first(space)
         cnn_space = channels_first_space(space)
-        cnn_classes: dict[str, type[BaseFeaturesExtractor]] = {"nature": NatureCNN, "impala": ImpalaCNN, "small": SmallImageCNN}
+        cnn_classes: dict[str, type[BaseFeaturesExtractor]] = {
+            "nature": NatureCNN,
+            "impala": ImpalaCNN,
+            "small": SmallImageCNN,
+        }
         self.cnn = cnn_classes[pick_cnn(cnn, cnn_space)](cnn_space, features_dim)
         self.features_dim = features_dim
 

@@ -2,10 +2,14 @@
 whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / predict / save / load."""
 
 import contextlib
+import dataclasses
 import os
 import pathlib
+import pickle
+import random
 import warnings
 import zipfile
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -15,14 +19,15 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.save_util import load_from_zip_file
+from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_amago.buffers import TrajectoryReplayBuffer
+from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.loss import LossConfig, amago_loss
 from sb3_amago.nets.heads import action_nvec
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.wrappers import PREV_REWARD_KEY, FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 
@@ -120,9 +125,12 @@ class AMAGO(OffPolicyAlgorithm):
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if hasattr(env, "observation_space"):
             check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
-        gammas = (*multigammas, gamma)
-        if any(not 0.0 <= g < 1.0 for g in gammas):
-            raise ValueError(f"every discount factor must lie in [0, 1), got {gammas}")
+        check_discounts(gamma, multigammas)
+        if not 0.0 <= float(tau) <= 1.0:
+            raise ValueError(
+                f"tau must lie in [0, 1] (the rate at which the target heads follow the online ones each update; "
+                f"AMAGO's default is 0.003), got {tau}."
+            )
         super().__init__(
             policy,
             env,
@@ -148,6 +156,8 @@ class AMAGO(OffPolicyAlgorithm):
             sde_support=False,
             supported_action_spaces=(spaces.Discrete, spaces.MultiDiscrete, spaces.Box),
         )
+        if self.env is not None:
+            check_replay_sizes(buffer_size, batch_size, learning_starts, train_freq, int(max_seq_len), self.n_envs)
         self.max_seq_len = int(max_seq_len)
         self.multigammas = tuple(float(g) for g in multigammas)
         self.n_critics = int(n_critics)
@@ -172,6 +182,15 @@ class AMAGO(OffPolicyAlgorithm):
         self._explore_scale: np.ndarray | None = None
         if _init_setup_model:
             self._setup_model()
+
+    @staticmethod
+    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
+        """SB3's wrapping (Monitor, DummyVecEnv, VecTransposeImage), after turning a Tuple or nested
+        Dict observation space, which SB3 cannot store, into one flat Dict
+        (:class:`~sb3_amago.wrappers.FlatDictObservation`, or its VecEnv version for a VecEnv)."""
+        if is_structured(env.observation_space):
+            env = VecFlatDictObservation(env) if isinstance(env, VecEnv) else FlatDictObservation(env)
+        return OffPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     @property
     def loss_config(self) -> LossConfig:
@@ -386,22 +405,123 @@ class AMAGO(OffPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode"]
 
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
+        return ["policy", "policy.optimizer"], []
+
+    def run_state(self) -> dict[str, Any]:
+        """What continuing a run exactly needs beyond the weights, the optimizer and what SB3 keeps
+        in the model file itself (``num_timesteps``, ``_n_updates``, ``_last_obs``), as CPU copies:
+
+        - ``"context"``: the per-env collection context (:class:`AmagoState`: sequence-model cache,
+          previous actions ``(N, action_dim)``, time indices ``(N,)``), or None before the first ``learn``
+        - ``"explore_scale"``: the per-env exploration multipliers ``(N,)``, or None
+        - ``"rng"``: the states of torch's (and CUDA's), numpy's and python's global RNGs and of
+          the action space's RNG (random actions before ``learning_starts``)
+        """
+        rng = {
+            "torch": th.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "action_space": self.action_space.np_random.bit_generator.state,
+        }
+        if th.cuda.is_available():
+            rng["cuda"] = th.cuda.get_rng_state_all()
+        return {
+            "context": _map_tensors(self._collect_state, lambda t: t.detach().cpu().clone()),
+            "explore_scale": None if self._explore_scale is None else self._explore_scale.copy(),
+            "rng": rng,
+        }
+
+    def set_run_state(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`run_state` returned: the context on the model's device, the RNG states."""
+        self._collect_state = _map_tensors(state["context"], lambda t: t.to(self.device))
+        self._explore_scale = None if state["explore_scale"] is None else state["explore_scale"].copy()
+        rng = state["rng"]
+        th.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        self.action_space.np_random.bit_generator.state = rng["action_space"]
+        if "cuda" in rng and th.cuda.is_available() and len(rng["cuda"]) == th.cuda.device_count():
+            th.cuda.set_rng_state_all(rng["cuda"])
+
     def save(self, path: str | pathlib.Path | Any, exclude: Any = None, include: Any = None) -> None:
-        """SB3's save, written to a temporary file first and moved into place, so an error while
-        saving never leaves a half-written file over an earlier save."""
+        """SB3's save, plus the optimizer state and :meth:`run_state` (in the file's data, where SB3
+        keeps ``_last_obs``, which the collection context must match), so that :meth:`load`
+        resumes the run exactly. Written to a temporary file first and moved into place, so an
+        error while saving never leaves a half-written file over an earlier save."""
+        self._run_state = self.run_state()
+        try:
+            if not isinstance(path, (str, pathlib.Path)):
+                super().save(path, exclude, include)
+                return
+            target = pathlib.Path(path)
+            if target.suffix == "":
+                target = target.with_suffix(".zip")
+            with _atomic_target(target) as tmp:
+                super().save(tmp, exclude, include)
+        finally:
+            del self._run_state
+
+    def save_replay_buffer(self, path: str | pathlib.Path | Any) -> None:
+        """SB3's save_replay_buffer (a pickle, ``.pkl`` added to a path without suffix), written to a
+        temporary file and moved into place: a save interrupted half-way (KeyboardInterrupt, full
+        disk) never replaces an earlier good file."""
         if not isinstance(path, (str, pathlib.Path)):
-            super().save(path, exclude, include)
+            super().save_replay_buffer(path)
             return
         target = pathlib.Path(path)
         if target.suffix == "":
-            target = target.with_suffix(".zip")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}.zip")
+            target = target.with_suffix(".pkl")
+        with _atomic_target(target) as tmp, open(tmp, "wb") as file:
+            pickle.dump(self.replay_buffer, file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def load_replay_buffer(self, path: str | pathlib.Path | Any, truncate_last_traj: bool = True) -> None:
+        """SB3's load_replay_buffer, checked before it replaces the model's replay: a file that is
+        truncated or not a replay, from another sb3-amago replay format, or for other spaces or
+        another number of envs raises a ValueError and the model keeps its replay.
+
+        :param path: a file from :meth:`save_replay_buffer`
+        :param truncate_last_traj: SB3's argument for HER buffers; unused (a resumed run continues
+            the stored rollouts, a fresh env closes them, see the README's "Resuming a run")
+        """
         try:
-            super().save(tmp, exclude, include)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+            buffer = load_from_pkl(path, self.verbose)
+        except FileNotFoundError:
+            raise
+        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{path} is not a readable replay file ({type(exc).__name__}: {exc}); it may be truncated or corrupted. "
+                "The model keeps its replay."
+            ) from exc
+        self._check_loaded_replay(buffer, path)
+        buffer.device = self.device
+        buffer.max_seq_len = self.max_seq_len  # windows are cut when sampled: the model's length applies
+        self.replay_buffer = buffer
+
+    def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
+        """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
+        if not isinstance(buffer, TrajectoryReplayBuffer):
+            raise ValueError(  # noqa: TRY004 (the file's content is wrong, not an argument's type)
+                f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
+                "load a replay saved by AMAGO.save_replay_buffer."
+            )
+        version = getattr(buffer, "format_version", None)
+        if version != REPLAY_FORMAT_VERSION:
+            raise ValueError(
+                f"{path} holds a replay in format version {version}, but this sb3-amago reads version "
+                f"{REPLAY_FORMAT_VERSION}: load it with the sb3-amago version that saved it, or collect a new replay."
+            )
+        for name, saved, ours in (
+            ("observation space", buffer.observation_space, self.observation_space),
+            ("action space", buffer.action_space, self.action_space),
+            ("number of envs", buffer.n_envs, self.n_envs),
+        ):
+            if saved != ours:
+                raise ValueError(
+                    f"{path} holds a replay for {name} {saved}, but this model has {ours}: load it into a model "
+                    "built for the same env (and number of envs)."
+                )
 
     @classmethod
     def load(cls: type[SelfAMAGO], path: str | pathlib.Path | Any, env: GymEnv | None = None, device: th.device | str = "auto", **kwargs: Any) -> SelfAMAGO:
@@ -418,16 +538,86 @@ class AMAGO(OffPolicyAlgorithm):
             raise ValueError(
                 f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
             )
-        return super().load(path, env=env, device=device, **kwargs)
+        model = super().load(path, env=env, device=device, **kwargs)
+        run_state = model.__dict__.pop("_run_state", None)
+        if run_state is not None:
+            model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model
+        return model
+
+
+def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor inside its dataclasses, tuples, lists and dicts."""
+    if isinstance(value, th.Tensor):
+        return fn(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+@contextlib.contextmanager
+def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A temporary path beside ``target`` to write to; moved onto ``target`` only if the block
+    completes, removed in every case (an interrupted write never replaces a good file)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{target.suffix}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as written:
+            os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave an empty file
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
+    """Raise a ValueError naming the argument unless every discount factor lies in [0, 1)."""
+    for name, values in (("gamma", (gamma,)), ("multigammas", tuple(multigammas))):
+        bad = [g for g in values if not 0.0 <= float(g) < 1.0]
+        if bad:
+            raise ValueError(
+                f"{name} holds {bad}: every discount factor must lie in [0, 1) (a critic with gamma >= 1 has no "
+                f"finite value). Use values such as 0.99 or 0.999."
+            )
+
+
+def check_replay_sizes(
+    buffer_size: int, batch_size: int, learning_starts: int, train_freq: int | tuple[int, str], max_seq_len: int, n_envs: int
+) -> None:
+    """Raise a ValueError naming the argument and the fix if the replay cannot hold one training
+    window per env column, or holds fewer transitions at the first update than a batch has windows."""
+    per_env = buffer_size // n_envs
+    if per_env < max_seq_len + 1:
+        raise ValueError(
+            f"buffer_size={buffer_size} holds {per_env} steps per env ({n_envs} envs), less than one training window "
+            f"(max_seq_len + 1 = {max_seq_len + 1} steps): raise buffer_size to at least {(max_seq_len + 1) * n_envs} "
+            "or lower max_seq_len."
+        )
+    frequency, unit = (train_freq, "step") if isinstance(train_freq, int) else train_freq
+    steps_per_round = int(frequency) * n_envs if getattr(unit, "value", unit) == "step" else 1
+    # SB3 trains once num_timesteps > learning_starts, after whole rounds of train_freq steps of every env.
+    first_update = -(-(learning_starts + 1) // steps_per_round) * steps_per_round
+    held = min(first_update, buffer_size)
+    if batch_size > held:
+        raise ValueError(
+            f"batch_size={batch_size} windows is more than the {held} transitions the replay holds at the first update "
+            f"(learning_starts={learning_starts}, buffer_size={buffer_size}): raise learning_starts to at least "
+            f"{batch_size} or lower batch_size."
+        )
 
 
 def check_observation_space(space: spaces.Space) -> None:
-    """Raise a clear error for observation spaces AMAGO cannot embed."""
-    parts = space.spaces.items() if isinstance(space, spaces.Dict) else [("observation", space)]
-    for key, sub in parts:
+    """Raise a clear error for observation spaces AMAGO cannot embed (Tuple and Dict spaces, nested
+    or not, are checked part by part)."""
+    for key, sub in flat_dict_space(space).spaces.items():
         if not isinstance(sub, SUPPORTED_OBS_SPACES):
             raise ValueError(
                 f"Observation '{key}' has space {sub}, which AMAGO cannot embed. Supported: Box, Discrete, "
-                "MultiDiscrete, MultiBinary, and a Dict of these (sb3_amago.PrevRewardWrapper turns a Tuple into a Dict)."
+                "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
+                "this part into one of them (or drop it)."
             )
 

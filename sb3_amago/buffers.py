@@ -13,6 +13,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_amago.relabel import Relabeler, Rollout
 from sb3_amago.type_aliases import TrajectoryBatch
+from sb3_amago.wrappers import is_structured
 
 try:
     import psutil
@@ -21,6 +22,9 @@ except ImportError:  # pragma: no cover
 
 # Storage key of a non-Dict observation.
 _SINGLE_KEY = "observation"
+# Version of the pickled layout (attributes and array meanings); a saved buffer records it and
+# AMAGO.load_replay_buffer refuses files of another version. Raise it when the layout changes.
+REPLAY_FORMAT_VERSION = 1
 
 
 def _check_discrete(name: str, value: np.ndarray, low: np.ndarray | int, high: np.ndarray | int) -> None:
@@ -34,15 +38,18 @@ def _check_discrete(name: str, value: np.ndarray, low: np.ndarray | int, high: n
 
 
 def _check_values(name: str, value: np.ndarray, space: spaces.Space) -> None:
-    """Raise a ValueError if ``value`` ``(n_envs, *shape)`` holds values the space cannot (or NaN)."""
+    """Raise a ValueError if ``value`` ``(n_envs, *shape)`` holds values the space cannot (or NaN / inf)."""
     if isinstance(space, spaces.Discrete):
         _check_discrete(name, value, int(space.start), int(space.start + space.n))
     elif isinstance(space, spaces.MultiDiscrete):
         _check_discrete(name, value, space.start, space.start + space.nvec)
     elif isinstance(space, spaces.MultiBinary):
         _check_discrete(name, value, 0, 2)
-    elif np.issubdtype(value.dtype, np.floating) and np.isnan(value).any():
-        raise ValueError(f"{name} holds NaN")
+    elif np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+        raise ValueError(
+            f"{name} holds NaN or infinite values: fix the env, or wrap it with "
+            "stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
+        )
 
 
 @dataclass
@@ -124,8 +131,11 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 "TrajectoryReplayBuffer stores every observation once already (the next observation is the "
                 "following row of the rollout): use optimize_memory_usage=False."
             )
-        if isinstance(observation_space, spaces.Tuple):
-            raise ValueError("Tuple observations are not supported: wrap the env so they become a Dict.")
+        if is_structured(observation_space):
+            raise ValueError(
+                f"The replay stores flat observation spaces, got {observation_space}: wrap the env with "
+                "sb3_amago.wrappers.FlatDictObservation (AMAGO does so itself)."
+            )
         self.buffer_size = buffer_size // n_envs
         if self.buffer_size < 2:
             raise ValueError(f"buffer_size must hold at least 2 rows per env, got {buffer_size} for {n_envs} envs")
@@ -147,6 +157,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             relabeler.check(observation_space)
             hidden = tuple(relabeler.hidden_keys)
         self.hidden_keys = hidden
+        self.format_version = REPLAY_FORMAT_VERSION
         self.reset()
 
     # ------------------------------------------------------------------ storage
@@ -275,7 +286,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         :param reward: ``(n_envs,)``
         :param done: ``(n_envs,)``
         :param infos: ``n_envs`` dicts; ``"TimeLimit.truncated"`` marks a time-limit end
-        :raises ValueError: on input not matching the spaces, NaN observations, NaN/inf rewards;
+        :raises ValueError: on input not matching the spaces, NaN / inf observations or rewards;
             the stored content is then unchanged
         """
         obs_, next_obs_, action, reward, done, timeout = self._validated(obs, next_obs, action, reward, done, infos)

@@ -6,6 +6,7 @@ target copy of the sequence model). Acting carries a per-env context, :class:`Am
 """
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,7 +22,7 @@ from sb3_amago.nets.heads import ActorHead, CriticEnsemble, action_nvec
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
-from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, tuple_to_dict_obs
+from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, flat_dict_obs
 
 
 @dataclass
@@ -115,7 +116,20 @@ class TransformerPolicy(BasePolicy):
         self.actor_hidden, self.critic_hidden = head_sizes(net_arch, actor_hidden, critic_hidden)
         self.popart_kwargs = dict(popart_kwargs or {})
         self.buffer_action_dim = get_action_dim(action_space)
+        self._check_position_table()
         self._build(lr_schedule)
+
+    def _check_position_table(self) -> None:
+        """A learnable position table must cover the time indices of a whole training window."""
+        kwargs = self.traj_encoder_kwargs
+        max_time = kwargs.get("max_time")
+        learnable = self.traj_encoder_name == "transformer" and kwargs.get("pos_emb") == "learnable"
+        if learnable and max_time is not None and max_time < self.max_seq_len + 1:
+            raise ValueError(
+                f"policy_kwargs traj_encoder_kwargs max_time={max_time} (the learnable position table's rows) is "
+                f"smaller than a training window (max_seq_len + 1 = {self.max_seq_len + 1} time indices): raise "
+                "max_time to the longest rollout, at least max_seq_len + 1, or lower max_seq_len."
+            )
 
     def _build(self, lr_schedule: Schedule) -> None:
         self.timestep_encoder = TimestepEncoder(
@@ -248,12 +262,13 @@ class TransformerPolicy(BasePolicy):
         return unscaled.reshape(-1, *self.action_space.shape).astype(self.action_space.dtype)
 
     def prepare_observation(self, observation: Any) -> Any:
-        """Accept observations as the user's env emits them: tuples become dicts, extra keys (the
-        achieved goal) are dropped, missing context keys raise a clear error."""
+        """Accept observations as the user's env emits them: tuples and nested dicts are flattened
+        as AMAGO flattens their spaces (:func:`sb3_amago.wrappers.flat_dict_space`), extra keys
+        (the achieved goal) are dropped, missing context keys raise a clear error."""
         if not isinstance(self.observation_space, spaces.Dict):
             return observation
-        if isinstance(observation, (tuple, list)):
-            observation = tuple_to_dict_obs(observation)
+        if isinstance(observation, (tuple, Mapping)):
+            observation = flat_dict_obs(observation)
         if not isinstance(observation, dict):
             raise ValueError(
                 f"This model takes Dict observations with keys {sorted(self.observation_space.spaces)}, got {type(observation).__name__}."
@@ -299,7 +314,12 @@ class TransformerPolicy(BasePolicy):
         :return: actions in the env's format, and the state to pass next time
         """
         self.set_training_mode(False)
-        if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+        if (
+            isinstance(observation, tuple)
+            and len(observation) == 2
+            and isinstance(observation[1], dict)
+            and not self._is_observation(observation)
+        ):
             raise ValueError(
                 "predict() got an (observation, info) tuple: you are probably mixing Gym API with SB3 VecEnv API "
                 "(`obs, info = env.reset()` for a gymnasium env vs `obs = vec_env.reset()` for a VecEnv)."
@@ -323,6 +343,12 @@ class TransformerPolicy(BasePolicy):
         if not vectorized:
             env_action = env_action.squeeze(axis=0)
         return env_action, state
+
+    def _is_observation(self, value: tuple) -> bool:
+        """Whether a tuple is an observation of this model's space (a Tuple observation, flattened)."""
+        return isinstance(self.observation_space, spaces.Dict) and set(flat_dict_obs(value)) >= set(
+            self.observation_space.spaces
+        )
 
     def _predict(self, observation: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         """Action for a first observation with no context (SB3's stateless interface)."""

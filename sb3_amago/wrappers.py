@@ -10,49 +10,119 @@ inputs. The previous action is tracked by the model itself and needs no wrapper.
     Box / Discrete / ... obs  ->  {"observation": obs, "prev_reward": (1,) float32}
     Dict obs                  ->  the same dict plus "prev_reward"
     Tuple obs                 ->  {"observation_0": ..., "observation_1": ..., "prev_reward": ...}
+    nested Dict / Tuple obs   ->  flattened first (see flat_dict_space: "outer/inner", "observation_0/key")
 
 ``TrialsWrapper(env, n_trials=k)`` (meta-RL) runs ``k`` episodes of one task in one rollout and adds
 ``"trial_reset"`` as well; see its docstring and the :class:`TaskEnv` protocol.
 """
 
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
 OBS_KEY = "observation"
 PREV_REWARD_KEY = "prev_reward"
 TRIAL_RESET_KEY = "trial_reset"
 
 
-def tuple_to_dict_space(space: spaces.Tuple, prefix: str = OBS_KEY) -> spaces.Dict:
-    """``Tuple(a, b)`` -> ``Dict(prefix_0=a, prefix_1=b)`` (SB3 stores Dict, not Tuple, spaces)."""
-    for sub in space.spaces:
-        if isinstance(sub, (spaces.Tuple, spaces.Dict)):
-            raise ValueError(f"Nested observation spaces are not supported: {space}. Flatten the inner space first.")
-    return spaces.Dict({f"{prefix}_{i}": sub for i, sub in enumerate(space.spaces)})
-
-
-def tuple_to_dict_obs(obs: tuple | list, prefix: str = OBS_KEY) -> dict[str, Any]:
-    """The observation counterpart of :func:`tuple_to_dict_space`."""
-    return {f"{prefix}_{i}": part for i, part in enumerate(obs)}
-
-
-def _as_dict_space(space: spaces.Space) -> spaces.Dict:
-    if isinstance(space, spaces.Dict):
-        return spaces.Dict(dict(space.spaces))
+def is_structured(space: spaces.Space) -> bool:
+    """True for spaces SB3 cannot store as they are: a Tuple, or a Dict holding a Dict or Tuple."""
     if isinstance(space, spaces.Tuple):
-        return tuple_to_dict_space(space)
-    return spaces.Dict({OBS_KEY: space})
+        return True
+    return isinstance(space, spaces.Dict) and any(isinstance(s, (spaces.Dict, spaces.Tuple)) for s in space.spaces.values())
 
 
-def _as_dict_obs(space: spaces.Space, obs: Any) -> dict[str, Any]:
+def _flat_items(space: spaces.Space, prefix: str | None) -> Iterator[tuple[str, spaces.Space]]:
     if isinstance(space, spaces.Dict):
-        return dict(obs)
-    if isinstance(space, spaces.Tuple):
-        return tuple_to_dict_obs(obs)
-    return {OBS_KEY: obs}
+        for key, sub in space.spaces.items():
+            yield from _flat_items(sub, key if prefix is None else f"{prefix}/{key}")
+    elif isinstance(space, spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            yield from _flat_items(sub, f"{prefix or OBS_KEY}_{i}")
+    else:
+        yield prefix or OBS_KEY, space
+
+
+def flat_dict_space(space: spaces.Space) -> spaces.Dict:
+    """Any observation space as a Dict with neither Dict nor Tuple inside (what SB3 stores).
+
+    Names: the parts of a Tuple are ``<name>_<i>`` (``observation_<i>`` at the top level), the keys
+    of a Dict ``<name>/<key>`` (the key itself at the top level), and a space that is neither
+    ``<name>`` (``observation`` at the top level). So ``Tuple(Box, Dict(a=Discrete))`` becomes
+    ``Dict(observation_0=Box, observation_1/a=Discrete)`` and a Box becomes ``Dict(observation=Box)``.
+    (No dots: the names key torch module dicts.)
+
+    :raises ValueError: if two parts get the same name (a Dict key containing "/" can collide)
+    """
+    flat: dict[str, spaces.Space] = {}
+    for name, leaf in _flat_items(space, None):
+        if name in flat:
+            raise ValueError(f"Two parts of the observation space {space} flatten to the name '{name}': rename a Dict key.")
+        flat[name] = leaf
+    return spaces.Dict(flat)
+
+
+def flat_dict_obs(obs: Any, space: spaces.Space | None = None, prefix: str | None = None) -> dict[str, Any]:
+    """The observation counterpart of :func:`flat_dict_space`, one observation or a VecEnv batch.
+
+    :param obs: an observation of ``space``
+    :param space: its space; without it the observation's own structure is followed (tuples as
+        Tuple parts, mappings as Dict keys, anything else as a leaf)
+    :param prefix: the name of ``obs`` inside a larger observation (None at the top level)
+    """
+    if isinstance(space, spaces.Dict) or (space is None and isinstance(obs, Mapping)):
+        keys = space.spaces if isinstance(space, spaces.Dict) else obs
+        out: dict[str, Any] = {}
+        for key in keys:
+            sub = space.spaces[key] if isinstance(space, spaces.Dict) else None
+            out.update(flat_dict_obs(obs[key], sub, key if prefix is None else f"{prefix}/{key}"))
+        return out
+    if isinstance(space, spaces.Tuple) or (space is None and isinstance(obs, tuple)):
+        subs = space.spaces if isinstance(space, spaces.Tuple) else [None] * len(obs)
+        out = {}
+        for i, (part, sub) in enumerate(zip(obs, subs, strict=True)):
+            out.update(flat_dict_obs(part, sub, f"{prefix or OBS_KEY}_{i}"))
+        return out
+    return {prefix or OBS_KEY: obs}
+
+
+class FlatDictObservation(gym.ObservationWrapper):
+    """Tuple and nested Dict observations as one flat Dict (see :func:`flat_dict_space`).
+
+    :class:`sb3_amago.AMAGO` applies it to such envs itself; ``predict`` flattens raw observations
+    of the inner env the same way.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._inner_space = env.observation_space
+        self.observation_space = flat_dict_space(env.observation_space)
+
+    def observation(self, observation: Any) -> dict[str, Any]:
+        return flat_dict_obs(observation, self._inner_space)
+
+
+class VecFlatDictObservation(VecEnvWrapper):
+    """:class:`FlatDictObservation` for a VecEnv whose observations are tuples (or nested dicts),
+    terminal observations in ``infos`` included."""
+
+    def __init__(self, venv: VecEnv) -> None:
+        super().__init__(venv, observation_space=flat_dict_space(venv.observation_space))
+        self._inner_space = venv.observation_space
+
+    def reset(self) -> dict[str, np.ndarray]:
+        return flat_dict_obs(self.venv.reset(), self._inner_space)
+
+    def step_wait(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        obs, rewards, dones, infos = self.venv.step_wait()
+        for info in infos:
+            if "terminal_observation" in info:
+                info["terminal_observation"] = flat_dict_obs(info["terminal_observation"], self._inner_space)
+        return flat_dict_obs(obs, self._inner_space), rewards, dones, infos
 
 
 class PrevRewardWrapper(gym.Wrapper):
@@ -67,12 +137,12 @@ class PrevRewardWrapper(gym.Wrapper):
             raise ValueError(f"The observation already has a '{PREV_REWARD_KEY}' key: wrap the env only once.")
         inner = env.observation_space
         self._inner_space = inner
-        dict_space = _as_dict_space(inner)
+        dict_space = flat_dict_space(inner)
         dict_space.spaces[PREV_REWARD_KEY] = spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
         self.observation_space = dict_space
 
     def _wrap(self, obs: Any, reward: float) -> dict[str, Any]:
-        out = _as_dict_obs(self._inner_space, obs)
+        out = flat_dict_obs(obs, self._inner_space)
         out[PREV_REWARD_KEY] = np.array([reward], dtype=np.float32)
         return out
 
@@ -149,7 +219,7 @@ class TrialsWrapper(gym.Wrapper):
         self.max_rollout_steps = max_rollout_steps
         inner = env.observation_space
         self._inner_space = inner
-        dict_space = _as_dict_space(inner)
+        dict_space = flat_dict_space(inner)
         for key in (PREV_REWARD_KEY, TRIAL_RESET_KEY):
             if key in dict_space.spaces:
                 raise ValueError(f"The observation already has a '{key}' key: it cannot also carry the trial context.")
@@ -163,7 +233,7 @@ class TrialsWrapper(gym.Wrapper):
         self._trial_returns: list[float] = []
 
     def _wrap(self, obs: Any, reward: float, trial_reset: bool) -> dict[str, Any]:
-        out = _as_dict_obs(self._inner_space, obs)
+        out = flat_dict_obs(obs, self._inner_space)
         out[PREV_REWARD_KEY] = np.array([reward], dtype=np.float32)
         out[TRIAL_RESET_KEY] = np.array([float(trial_reset)], dtype=np.float32)
         return out

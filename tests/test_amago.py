@@ -3,6 +3,7 @@ what collection feeds the policy, acting with state, save/load, and clear errors
 
 import copy
 import dataclasses
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -413,6 +414,132 @@ def test_save_load_round_trip_with_context(tmp_path) -> None:
     loaded.learn(8, reset_num_timesteps=False)
 
 
+def test_save_carries_the_optimizer_state(tmp_path) -> None:
+    model = tiny_model(CountingEnv(), learning_starts=8, train_freq=4)
+    model.learn(24)
+    model.save(tmp_path / "amago")
+    loaded = AMAGO.load(tmp_path / "amago")
+    saved, restored = model.policy.optimizer.state_dict(), loaded.policy.optimizer.state_dict()
+    assert len(restored["state"]) == len(saved["state"]) > 0
+    for index, moments in saved["state"].items():
+        for key, value in moments.items():
+            assert th.equal(restored["state"][index][key], value), (index, key)
+
+
+def _counting_vec_env() -> DummyVecEnv:
+    """Box actions: any change in what the policy sees changes the actions, the rewards and the replay."""
+    box = spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32)
+    return make_vec_env(lambda: PrevRewardWrapper(CountingEnv(action_space=box, random_length=True)), n_envs=2, seed=3)
+
+
+def _assert_same_run(a: AMAGO, b: AMAGO) -> None:
+    """Every parameter, buffer (PopArt, running norms) and optimizer moment equal, bit for bit."""
+    assert (a.num_timesteps, a._n_updates) == (b.num_timesteps, b._n_updates)
+    state_a, state_b = a.policy.state_dict(), b.policy.state_dict()
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        assert th.equal(state_a[key], state_b[key]), key
+    opt_a, opt_b = a.policy.optimizer.state_dict()["state"], b.policy.optimizer.state_dict()["state"]
+    for index in opt_a:
+        for key in opt_a[index]:
+            assert th.equal(opt_a[index][key], opt_b[index][key]), (index, key)
+
+
+@pytest.mark.parametrize("traj_encoder", ["transformer", "gru"])
+@pytest.mark.parametrize("saved_at", [16, 40])
+def test_resumed_run_continues_identically(tmp_path, traj_encoder: str, saved_at: int) -> None:
+    """Save at a learn boundary (before ``learning_starts``, random actions, or after it, with
+    updates done), resume with load + load_replay_buffer + learn: the same run as one that never
+    stopped. The envs' own state travels as a deep copy (what a user with restorable envs does)."""
+    env = _counting_vec_env()
+    encoder_kwargs = TINY["traj_encoder_kwargs"] if traj_encoder == "transformer" else {"d_hidden": 16}
+    policy_kwargs = {**TINY, "traj_encoder": traj_encoder, "traj_encoder_kwargs": encoder_kwargs}
+    model = tiny_model(
+        env, learning_starts=24, train_freq=4, warmup_steps=50, exploration_steps=200, policy_kwargs=policy_kwargs
+    )
+    model.learn(saved_at)
+    model.save(tmp_path / "amago")
+    model.save_replay_buffer(tmp_path / "replay")
+    saved_env = copy.deepcopy(env)
+    fresh_env = copy.deepcopy(env)
+    model.learn(32, reset_num_timesteps=False)
+
+    resumed = AMAGO.load(tmp_path / "amago", env=saved_env, force_reset=False)
+    resumed.load_replay_buffer(tmp_path / "replay")
+    resumed.learn(32, reset_num_timesteps=False)
+    _assert_same_run(model, resumed)
+
+    # The comparison sees a difference: restarting the envs (SB3's default force_reset) changes the run.
+    restarted = AMAGO.load(tmp_path / "amago", env=fresh_env)
+    restarted.load_replay_buffer(tmp_path / "replay")
+    restarted.learn(32, reset_num_timesteps=False)
+    with pytest.raises(AssertionError):
+        _assert_same_run(model, restarted)
+
+
+def test_interrupted_replay_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = filled_model(CountingEnv(), steps=24)
+    path = tmp_path / "replay.pkl"
+    model.save_replay_buffer(path)
+    original = path.read_bytes()
+    model.learn(8, reset_num_timesteps=False)
+
+    def interrupted_dump(obj, file, protocol=None) -> None:
+        file.write(b"half of a replay")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pickle, "dump", interrupted_dump)
+    with pytest.raises(KeyboardInterrupt):
+        model.save_replay_buffer(path)
+    assert path.read_bytes() == original
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.pkl"]
+    monkeypatch.undo()
+    model.save_replay_buffer(tmp_path / "replay")  # SB3's default suffix
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay.pkl"]
+    assert path.read_bytes() != original
+
+
+def _bad_replay_files(tmp_path, model: AMAGO) -> dict[str, tuple[object, str]]:
+    """Files load_replay_buffer must refuse, each with the words its error must contain."""
+    good = tmp_path / "good.pkl"
+    model.save_replay_buffer(good)
+    files = {}
+    truncated = tmp_path / "truncated.pkl"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    files["truncated"] = (truncated, "truncated")
+    old = copy.deepcopy(model.replay_buffer)
+    old.format_version = 0
+    old_path = tmp_path / "old.pkl"
+    old_path.write_bytes(pickle.dumps(old))
+    files["version"] = (old_path, "format version 0")
+    other_model = filled_model(CountingEnv(action_space=spaces.Discrete(5)), steps=16)
+    other_model.save_replay_buffer(tmp_path / "other_action.pkl")
+    files["action space"] = (tmp_path / "other_action.pkl", "action space")
+    other_obs = filled_model(PrevRewardWrapper(CountingEnv()), steps=16)
+    other_obs.save_replay_buffer(tmp_path / "other_obs.pkl")
+    files["observation space"] = (tmp_path / "other_obs.pkl", "observation space")
+    other_envs = filled_model(make_vec_env(CountingEnv, n_envs=2), steps=16)
+    other_envs.save_replay_buffer(tmp_path / "other_envs.pkl")
+    files["n_envs"] = (tmp_path / "other_envs.pkl", "number of envs")
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, policy_kwargs={"net_arch": [8]})
+    sac.save_replay_buffer(tmp_path / "sac.pkl")
+    files["sac"] = (tmp_path / "sac.pkl", "not an AMAGO TrajectoryReplayBuffer")
+    return files
+
+
+def test_bad_replay_files_are_refused_and_the_model_stays_usable(tmp_path) -> None:
+    model = filled_model(CountingEnv(), steps=24)
+    replay = model.replay_buffer
+    for name, (path, words) in _bad_replay_files(tmp_path, model).items():
+        with pytest.raises(ValueError, match=words):
+            model.load_replay_buffer(path)
+        assert model.replay_buffer is replay, name
+    model.learn(8, reset_num_timesteps=False)
+    assert model._n_updates > 0
+    model.load_replay_buffer(tmp_path / "good.pkl")
+    assert model.replay_buffer is not replay and model.replay_buffer.size() > 0
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input
 # --------------------------------------------------------------------------------------------
@@ -422,8 +549,39 @@ def test_bad_constructor_arguments() -> None:
         tiny_model(env, batch_size=0)
     with pytest.raises(ValueError, match="max_seq_len"):
         tiny_model(env, max_seq_len=0)
-    with pytest.raises(ValueError, match="discount"):
+    with pytest.raises(ValueError, match=r"gamma holds \[1.0\].*discount"):
         tiny_model(env, gamma=1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"tau": -0.01}, r"tau must lie in \[0, 1\].*got -0.01"),
+        ({"tau": 1.5}, r"tau must lie in \[0, 1\].*got 1.5"),
+        ({"multigammas": (0.9, 1.0)}, r"multigammas holds \[1.0\].*\[0, 1\).*0.99"),
+        ({"multigammas": (1.2,)}, r"multigammas holds \[1.2\]"),
+        (
+            {"policy_kwargs": {**TINY, "traj_encoder_kwargs": {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 8}}},
+            r"max_time=8.*max_seq_len \+ 1 = 9.*raise max_time",
+        ),
+        ({"buffer_size": 8}, r"buffer_size=8 holds 8 steps per env.*at least 9"),
+        ({"buffer_size": 16, "n_envs": 2}, r"buffer_size=16 holds 8 steps per env \(2 envs\).*at least 18"),
+        ({"batch_size": 64, "learning_starts": 20}, r"batch_size=64.*24 transitions.*learning_starts=20.*at least 64"),
+        ({"batch_size": 64, "learning_starts": 1000, "buffer_size": 40}, r"batch_size=64.*40 transitions.*buffer_size=40"),
+    ],
+)
+def test_out_of_range_hyperparameters_are_named_at_construction(kwargs: dict, words: str) -> None:
+    kwargs = dict(kwargs)
+    env = make_vec_env(CountingEnv, n_envs=kwargs.pop("n_envs", 1))
+    with pytest.raises(ValueError, match=words):
+        tiny_model(env, **kwargs)
+
+
+def test_hyperparameters_at_the_limits_are_accepted() -> None:
+    encoder = {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 9}
+    tiny_model(CountingEnv(), tau=1.0, multigammas=(0.0,), policy_kwargs={**TINY, "traj_encoder_kwargs": encoder})
+    tiny_model(CountingEnv(), tau=0.0, buffer_size=9, batch_size=9, learning_starts=8)
+    tiny_model(make_vec_env(CountingEnv, n_envs=2), batch_size=24, learning_starts=16, buffer_size=48)
 
 
 def test_unsupported_spaces_are_named() -> None:
@@ -495,7 +653,7 @@ def test_failed_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.Monkey
     "name", ["AutoencodeEasy", "BattleshipEasy", "ConcentrationEasy", "LabyrinthEscapeEasy", "PositionOnlyPendulumEasy"]
 )
 def test_runs_on_popgym_spaces(name: str) -> None:
-    """Tuple observations (as Dict keys), MultiDiscrete observations and actions, Box actions."""
+    """Tuple observations (wrapped as Dict keys, or raw), MultiDiscrete observations and actions, Box actions."""
     env = gym.make(f"amago-popgym-{name}-v0")
     model = tiny_model(env, learning_starts=30)
     model.learn(60)
@@ -503,11 +661,12 @@ def test_runs_on_popgym_spaces(name: str) -> None:
     obs, _ = env.reset(seed=0)
     action, state = model.predict(obs, deterministic=True)
     assert env.action_space.contains(action)
-    # The raw popgym observation (a tuple for Autoencode) is refused with the fix named.
+    # The raw popgym observation (a tuple for Autoencode) is taken as it is.
     raw = env.unwrapped
     if isinstance(raw.observation_space, spaces.Tuple):
-        with pytest.raises(ValueError, match="PrevRewardWrapper"):
-            AMAGO("TransformerPolicy", raw)
+        raw_model = tiny_model(raw)
+        raw_obs, _ = raw.reset(seed=0)
+        assert raw.action_space.contains(raw_model.predict(raw_obs)[0])
 
 
 # --------------------------------------------------------------------------------------------

@@ -294,6 +294,7 @@ def _content(buffer: TrajectoryReplayBuffer) -> list[np.ndarray]:
     [
         ("obs", lambda a: {**a, "obs": a["obs"][:, :2]}),
         ("next_obs", lambda a: {**a, "next_obs": np.full_like(a["next_obs"], np.nan)}),
+        ("next_obs", lambda a: {**a, "next_obs": np.full_like(a["next_obs"], -np.inf)}),
         ("action", lambda a: {**a, "action": np.full_like(a["action"], 10_000)}),
         ("action", lambda a: {**a, "action": -a["action"]}),
         ("reward", lambda a: {**a, "reward": np.array([np.nan, 0.0], dtype=np.float32)}),

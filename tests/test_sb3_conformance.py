@@ -3,7 +3,8 @@
 The tests come from the source distribution of the installed stable-baselines3 version (downloaded
 with pip once, then cached under ``$XDG_CACHE_HOME/sb3_amago``, default ``~/.cache/sb3_amago``);
 its ``tests/`` modules are imported by path and their test functions called with
-``model_class=AMAGO`` (``SmallAMAGO``, AMAGO with smaller networks, for two long ones) and the
+``model_class=AMAGO`` (``SmallAMAGO``, AMAGO with smaller networks, windows and batches, for two
+long ones and for those whose replay or ``learning_starts`` is too small for AMAGO's defaults) and the
 other parameters SB3 gives them. Where an SB3 test branches on the
 class (``if model_class in {SAC, TD3}``), AMAGO takes the generic path. A few SB3 tests name one
 algorithm in their body instead of taking ``model_class``; those that test behaviour every algorithm
@@ -86,8 +87,10 @@ BOX_F64 = spaces.Box(low=-1, high=1, shape=(2,), dtype=np.float64)
 
 class SmallAMAGO(AMAGO):
     """AMAGO with a small timestep encoder and sequence model, for the SB3 tests that train or act for
-    thousands of steps (test_warn_buffer, test_callbacks): their only way to pass sizes is the class.
-    The test's own ``policy_kwargs`` (e.g. ``net_arch``) come on top."""
+    thousands of steps (test_warn_buffer, test_callbacks), and with windows of 8 steps and batches of
+    4 windows, for those whose replay or ``learning_starts`` is smaller than AMAGO's defaults allow
+    (one window of 65 steps, a batch of 24 windows, which AMAGO refuses at construction): their only
+    way to pass sizes is the class. The test's own arguments (e.g. ``net_arch``) come on top."""
 
     SIZES: ClassVar[dict[str, Any]] = {
         "d_embed": 32,
@@ -96,6 +99,8 @@ class SmallAMAGO(AMAGO):
     }
 
     def __init__(self, *args: Any, policy_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("max_seq_len", 8)
+        kwargs.setdefault("batch_size", 4)
         super().__init__(*args, policy_kwargs={**self.SIZES, **(policy_kwargs or {})}, **kwargs)
 
 
@@ -234,7 +239,7 @@ def test_mixing_gym_vecenv_api(sb3: LoadSB3, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_offpolicy_multi_env(sb3: LoadSB3) -> None:
-    sb3("test_run").test_offpolicy_multi_env(AMAGO)
+    sb3("test_run").test_offpolicy_multi_env(SmallAMAGO)
 
 
 # ------------------------------------------------------------------------------ test_deterministic.py
@@ -262,7 +267,7 @@ def test_multiprocessing(sb3: LoadSB3) -> None:
 
 @pytest.mark.parametrize("channel_last", [False, True])
 def test_dict_vec_framestack(sb3: LoadSB3, channel_last: bool) -> None:
-    sb3("test_dict_env").test_dict_vec_framestack(AMAGO, channel_last)
+    sb3("test_dict_env").test_dict_vec_framestack(SmallAMAGO, channel_last)
 
 
 def test_vec_normalize(sb3: LoadSB3) -> None:
@@ -296,8 +301,9 @@ def test_callbacks(sb3: LoadSB3, tmp_path: Path) -> None:
 @pytest.mark.parametrize("callback_false_value", [False, np.bool_(0), th.tensor(0, dtype=th.bool)])
 def test_callbacks_can_cancel_runs(sb3: LoadSB3, callback_false_value: bool | np.bool_ | th.Tensor) -> None:
     """SB3's SAC arguments, but ``buffer_size=2``: AMAGO's replay keeps each rollout's newest observation
-    in the row after its last transition, so it needs two rows where SAC's needs one."""
-    model_kwargs = {"learning_starts": 1, "buffer_size": 2, "batch_size": 1}
+    in the row after its last transition, so it needs two rows where SAC's needs one; and windows of
+    ``max_seq_len + 1 = 2`` steps, which such a replay can hold."""
+    model_kwargs = {"learning_starts": 1, "buffer_size": 2, "batch_size": 1, "max_seq_len": 1}
     sb3("test_callbacks").test_callbacks_can_cancel_runs(AMAGO, model_kwargs, callback_false_value)
 
 
@@ -312,12 +318,12 @@ def _train_eval_module(sb3: LoadSB3, monkeypatch: pytest.MonkeyPatch) -> ModuleT
     def clone_amago(model: AMAGO) -> tuple:
         return module.clone_batch_norm_stats(model.policy.timestep_encoder.features_extractor.batch_norm)
 
-    monkeypatch.setitem(module.CLONE_HELPERS, AMAGO, clone_amago)
+    monkeypatch.setitem(module.CLONE_HELPERS, SmallAMAGO, clone_amago)
     return module
 
 
 def test_offpolicy_collect_rollout_batch_norm(sb3: LoadSB3, monkeypatch: pytest.MonkeyPatch) -> None:
-    _train_eval_module(sb3, monkeypatch).test_offpolicy_collect_rollout_batch_norm(AMAGO)
+    _train_eval_module(sb3, monkeypatch).test_offpolicy_collect_rollout_batch_norm(SmallAMAGO)
 
 
 # ------------------------------------------------------------------------------ test_tensorboard.py

@@ -21,7 +21,11 @@ from torch.nn import functional as F
 
 from sb3_amago.goals import INSTRUCTION_KEY
 
-CNN_TYPES = ("nature", "impala")
+CNN_TYPES = ("auto", "nature", "impala", "small")
+# SB3's NatureCNN (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 convolutions) needs this many pixels per side.
+NATURE_CNN_MIN_SIZE = 36
+# SmallImageCNN pools its feature maps down to at most this many cells per side before its linear layer.
+SMALL_CNN_MAX_GRID = 8
 SUMMARY_TYPES = ("gru", "mlp")
 # Key under which a non-Dict observation space is handled internally.
 SINGLE_KEY = "obs"
@@ -87,23 +91,75 @@ class ImpalaCNN(BaseFeaturesExtractor):
         return self.linear(self.cnn(observations))
 
 
+class SmallImageCNN(BaseFeaturesExtractor):
+    """A CNN for images too small for NatureCNN, e.g. grid-world views of a few cells per side.
+
+    3x3 convolutions with stride 1 and padding 1 (each followed by ReLU) keep every pixel, an
+    adaptive max-pool brings grids larger than ``SMALL_CNN_MAX_GRID`` per side down to it (smaller
+    grids pass unchanged), then a linear layer to ``features_dim`` and ReLU. Any size from 1x1 works.
+
+    :param observation_space: channel-first image space ``(C, H, W)``
+    :param features_dim: output size
+    :param channels: output channels of each convolution
+    """
+
+    def __init__(self, observation_space: spaces.Box, features_dim: int = 256, channels: Sequence[int] = (32, 64, 64)) -> None:
+        super().__init__(observation_space, features_dim)
+        in_channels, height, width = observation_space.shape
+        layers: list[nn.Module] = []
+        for out_channels in channels:
+            layers += [nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), nn.ReLU()]
+            in_channels = out_channels
+        grid = (min(height, SMALL_CNN_MAX_GRID), min(width, SMALL_CNN_MAX_GRID))
+        self.cnn = nn.Sequential(*layers, nn.AdaptiveMaxPool2d(grid), nn.Flatten())
+        self.linear = nn.Sequential(nn.Linear(in_channels * grid[0] * grid[1], features_dim), nn.ReLU())
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        """``(B, C, H, W)`` -> ``(B, features_dim)``"""
+        return self.linear(self.cnn(observations))
+
+
+def pick_cnn(cnn: str, space: spaces.Box) -> str:
+    """Resolve ``cnn`` for a channel-first image space: ``"auto"`` is NatureCNN from
+    ``NATURE_CNN_MIN_SIZE`` pixels per side and :class:`SmallImageCNN` below.
+
+    :raises ValueError: for an unknown name, or ``"nature"`` with an image too small for it
+    """
+    if cnn not in CNN_TYPES:
+        raise ValueError(f"Unknown cnn '{cnn}', expected one of {CNN_TYPES}")
+    height, width = space.shape[1:]
+    if cnn == "auto":
+        return "nature" if min(height, width) >= NATURE_CNN_MIN_SIZE else "small"
+    if cnn == "nature" and min(height, width) < NATURE_CNN_MIN_SIZE:
+        raise ValueError(
+            f"cnn='nature' (SB3's NatureCNN) needs images of at least {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} pixels, "
+            f"got {height}x{width}: use cnn='auto' or 'small' (3x3 stride-1 convolutions) or 'impala' in "
+            "policy_kwargs=dict(features_extractor_kwargs=dict(cnn=...))."
+        )
+    return cnn
+
+
 class ImageEncoder(nn.Module):
     """A CNN over SB3-preprocessed images (floats in [0, 1]), rescaled to [-1, 1] first.
 
     Channel-last images are transposed to channel-first.
 
-    :param space: uint8 image space, channel-first or channel-last
-    :param cnn: ``"nature"`` (SB3's NatureCNN) or ``"impala"`` (:class:`ImpalaCNN`)
+    :param space: uint8 image space, channel-first or channel-last, of any size
+    :param cnn: ``"auto"`` (NatureCNN from 36x36 pixels, :class:`SmallImageCNN` below), ``"nature"``
+        (SB3's NatureCNN), ``"impala"`` (:class:`ImpalaCNN`) or ``"small"`` (:class:`SmallImageCNN`)
     :param features_dim: output size
     """
 
-    def __init__(self, space: spaces.Box, cnn: str = "nature", features_dim: int = 256) -> None:
+    def __init__(self, space: spaces.Box, cnn: str = "auto", features_dim: int = 256) -> None:
         super().__init__()
-        if cnn not in CNN_TYPES:
-            raise ValueError(f"Unknown cnn '{cnn}', expected one of {CNN_TYPES}")
         self.channels_last = not is_image_space_channels_first(space)
         cnn_space = channels_first_space(space)
-        self.cnn = NatureCNN(cnn_space, features_dim) if cnn == "nature" else ImpalaCNN(cnn_space, features_dim)
+        cnn_classes: dict[str, type[BaseFeaturesExtractor]] = {
+            "nature": NatureCNN,
+            "impala": ImpalaCNN,
+            "small": SmallImageCNN,
+        }
+        self.cnn = cnn_classes[pick_cnn(cnn, cnn_space)](cnn_space, features_dim)
         self.features_dim = features_dim
 
     def forward(self, images: th.Tensor) -> th.Tensor:
@@ -151,12 +207,12 @@ class InstructionEncoder(nn.Module):
 class AmagoExtractor(BaseFeaturesExtractor):
     """Default features extractor of AMAGO's timestep encoder, for Box or Dict observation spaces.
 
-    Per key: uint8 images through a CNN (inputs rescaled to [-1, 1]), MultiDiscrete keys named in
+    Per key: uint8 images of any size through a CNN (inputs rescaled to [-1, 1]), MultiDiscrete keys named in
     ``instruction_keys`` through an :class:`InstructionEncoder`, everything else (float Box,
     one-hot Discrete / MultiDiscrete, MultiBinary) flattened; the results are concatenated.
 
     :param observation_space: a Box, Discrete, MultiDiscrete, MultiBinary or a Dict of these
-    :param cnn: ``"nature"`` or ``"impala"``
+    :param cnn: ``"auto"``, ``"nature"``, ``"impala"`` or ``"small"`` (see :class:`ImageEncoder`)
     :param cnn_features_dim: output size of each image's CNN
     :param instruction_keys: Dict keys holding goal-token sequences
     :param token_dim: size of each goal-token embedding
@@ -167,7 +223,7 @@ class AmagoExtractor(BaseFeaturesExtractor):
     def __init__(
         self,
         observation_space: spaces.Space,
-        cnn: str = "nature",
+        cnn: str = "auto",
         cnn_features_dim: int = 256,
         instruction_keys: Sequence[str] = (INSTRUCTION_KEY,),
         token_dim: int = 32,

@@ -2,7 +2,8 @@
 
 Pipeline for a batch of windows ``(B, L)``::
 
-    validate -> zero padded rows -> flatten to (B * L, ...) -> running normalisation of float Box parts
+    validate -> flatten to (B * L, ...) -> Discrete / MultiDiscrete values less the space's start
+    -> zero padded rows -> running normalisation of non-image Box parts (float or integer)
     -> SB3 preprocess_obs -> features extractor -> concat [features, previous-action features]
     -> MLP (leaky ReLU) -> Linear(d_out) -> LayerNorm
 """
@@ -13,14 +14,14 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.preprocessing import get_action_dim, is_image_space, preprocess_obs
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape, is_image_space, preprocess_obs
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 from torch.nn import functional as F
 
 from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY
 from sb3_amago.nets.heads import action_nvec
-from sb3_amago.nets.obs_extractors import SINGLE_KEY, AmagoExtractor, as_space_dict
+from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SINGLE_KEY, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
 OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -97,7 +98,7 @@ class TimestepEncoder(nn.Module):
     :param features_extractor_kwargs: passed to the extractor's constructor
     :param d_out: embedding size
     :param hidden_sizes: MLP hidden layers
-    :param normalize_obs: running normalisation of the float (non-image) Box parts
+    :param normalize_obs: running normalisation of the non-image Box parts (float or integer)
     :param instruction_keys: Dict keys of goal-token sequences (for the default extractor)
     :param ignore_keys: Dict keys the policy never sees (dropped from the space and the input)
     """
@@ -130,17 +131,21 @@ class TimestepEncoder(nn.Module):
             {
                 key: RunningNorm(space.shape)
                 for key, space in self.obs_spaces.items()
-                if normalize_obs
-                and isinstance(space, spaces.Box)
-                and not is_image_space(space)
-                and np.issubdtype(space.dtype, np.floating)
+                if normalize_obs and isinstance(space, spaces.Box) and not is_image_space(space)
             }
         )
+        # Discrete / MultiDiscrete values start at the space's ``start``; one-hot codes count from 0.
+        self._start_buffers: dict[str, str] = {}
+        for i, (key, space) in enumerate(self.obs_spaces.items()):
+            if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+                start = np.asarray(space.start, dtype=np.int64).reshape(get_obs_shape(space))
+                self._start_buffers[key] = f"obs_start_{i}"
+                self.register_buffer(self._start_buffers[key], th.as_tensor(start), persistent=False)
         extractor_kwargs = dict(features_extractor_kwargs or {})
         if features_extractor_class is None:
             features_extractor_class = AmagoExtractor
             extractor_kwargs.setdefault("instruction_keys", tuple(instruction_keys))
-        self.features_extractor = features_extractor_class(observation_space, **extractor_kwargs)
+        self.features_extractor = self._built_extractor(features_extractor_class, extractor_kwargs)
         layers: list[nn.Module] = []
         width = self.features_extractor.features_dim + self.action_features_dim
         for hidden in hidden_sizes:
@@ -148,6 +153,36 @@ class TimestepEncoder(nn.Module):
             width = hidden
         self.mlp = nn.Sequential(*layers, nn.Linear(width, d_out), nn.LayerNorm(d_out))
         self.d_out = d_out
+
+    def _built_extractor(self, extractor_class: type[BaseFeaturesExtractor], kwargs: dict[str, Any]) -> BaseFeaturesExtractor:
+        """Build the features extractor; for image observations, also run it once on a blank batch
+        (in eval mode) so that a CNN the images are too small for fails now, with the fix named,
+        instead of at the first update.
+
+        :raises ValueError: if the extractor cannot take the image sizes
+        """
+        images = {key: tuple(space.shape) for key, space in self.obs_spaces.items() if is_image_space(space)}
+        try:
+            extractor = extractor_class(self.observation_space, **kwargs)
+            if images:
+                blank = {
+                    key: preprocess_obs(th.zeros((2, *get_obs_shape(space)), dtype=th.long), space)
+                    for key, space in self.obs_spaces.items()
+                }
+                training = extractor.training
+                with th.no_grad():
+                    extractor.eval()(blank if isinstance(self.observation_space, spaces.Dict) else blank[SINGLE_KEY])
+                extractor.train(training)
+        except RuntimeError as exc:
+            if not images:
+                raise
+            raise ValueError(
+                f"The features extractor {extractor_class.__name__} cannot take the image observations {images} ({exc}). "
+                f"SB3's NatureCNN needs at least {NATURE_CNN_MIN_SIZE}x{NATURE_CNN_MIN_SIZE} pixels per image: for smaller "
+                "images leave features_extractor_class unset (AMAGO's default extractor picks a CNN for every size) or give "
+                "an extractor with smaller kernels and strides."
+            ) from exc
+        return extractor
 
     @property
     def action_features_dim(self) -> int:
@@ -224,6 +259,8 @@ class TimestepEncoder(nn.Module):
         flat = {}
         for key, x in obs_dict.items():
             x = x.reshape(batch * length, *x.shape[2:])
+            if key in self._start_buffers:
+                x = x - self.get_buffer(self._start_buffers[key]).to(x.dtype)
             x = th.where(real.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
             if key in self.obs_norms:
                 x = self.obs_norms[key](x, real)

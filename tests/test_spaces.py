@@ -1,0 +1,240 @@
+"""Observation spaces a user brings, taken as they are: each builds a model, is collected into the
+replay, trains, and is acted on by predict (raw observations of the user's env); non-finite values
+are refused with the part named; images of every size get a CNN that fits them, or a clear error."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.torch_layers import NatureCNN
+
+from sb3_amago import AMAGO
+from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SmallImageCNN
+from sb3_amago.wrappers import flat_dict_obs, flat_dict_space
+
+TINY = {
+    "traj_encoder_kwargs": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
+    "d_embed": 16,
+    "actor_hidden": (16,),
+    "critic_hidden": (16,),
+    "timestep_encoder_kwargs": {"hidden_sizes": (16,)},
+}
+
+
+class SpaceEnv(gym.Env):
+    """Observations drawn from ``observation_space`` (its own RNG); episodes of 5 steps; reward 1 for
+    action 1. ``nan_at`` puts NaN into every float part of the observation returned at that step."""
+
+    def __init__(self, observation_space: spaces.Space, nan_at: int | None = None) -> None:
+        self.observation_space = observation_space
+        self.action_space = spaces.Discrete(2)
+        self.nan_at = nan_at
+        self.t = 0
+
+    def _obs(self):
+        obs = self.observation_space.sample()
+        return poison(obs) if self.t == self.nan_at else obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(None if seed is None else seed + 1)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action), self.t >= 5, False, {}
+
+
+def poison(obs):
+    """``obs`` with NaN in every float array inside it (tuples and dicts followed)."""
+    if isinstance(obs, dict):
+        return {k: poison(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(poison(v) for v in obs)
+    if isinstance(obs, np.ndarray) and np.issubdtype(obs.dtype, np.floating):
+        return np.full_like(obs, np.nan)
+    return obs
+
+
+def has_float_part(space: spaces.Space) -> bool:
+    return any(
+        isinstance(s, spaces.Box) and np.issubdtype(s.dtype, np.floating) for s in flat_dict_space(space).spaces.values()
+    )
+
+
+SPACES = {
+    "tuple": spaces.Tuple((spaces.Box(-1, 1, (3,)), spaces.Discrete(4), spaces.MultiBinary(2))),
+    "nested_dict": spaces.Dict(
+        {
+            "a": spaces.Box(-1, 1, (2,)),
+            "b": spaces.Dict(
+                {"c": spaces.Discrete(3), "d": spaces.Tuple((spaces.Box(-1, 1, (1,)), spaces.MultiDiscrete([2, 3])))}
+            ),
+        }
+    ),
+    "multibinary": spaces.MultiBinary(5),
+    "multibinary_2d": spaces.MultiBinary([2, 3]),
+    "box_rank1": spaces.Box(-1, 1, (4,)),
+    "box_rank2": spaces.Box(-1, 1, (3, 4)),
+    "box_rank3_float": spaces.Box(-1, 1, (2, 3, 4)),
+    "box_rank3_uint8_not_image": spaces.Box(0, 10, (2, 3, 4), dtype=np.uint8),
+    "int_box": spaces.Box(0, 1000, (3,), dtype=np.int64),
+    "discrete_start": spaces.Discrete(4, start=-2),
+    "multidiscrete_start": spaces.MultiDiscrete([3, 4], start=[5, -1]),
+}
+
+
+def tiny_model(env, **kwargs) -> AMAGO:
+    params = {"max_seq_len": 4, "learning_starts": 10, "batch_size": 4, "seed": 0, "policy_kwargs": TINY}
+    params.update(kwargs)
+    return AMAGO("TransformerPolicy", env, **params)
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+def test_space_builds_collects_trains_and_predicts(name: str) -> None:
+    space = SPACES[name]
+    env = SpaceEnv(space)
+    model = tiny_model(env)
+    model.learn(20)
+    assert model._n_updates > 0
+    assert model.replay_buffer.size() > 0
+    for param in model.policy.parameters():
+        assert th.isfinite(param).all()
+    raw_env = SpaceEnv(space)
+    obs, _ = raw_env.reset(seed=1)
+    action, state = model.predict(obs)
+    assert raw_env.action_space.contains(action)
+    obs, *_ = raw_env.step(action)
+    action, _ = model.predict(obs, state=state)
+    assert raw_env.action_space.contains(action)
+
+
+def test_tuple_vec_env_and_save_load(tmp_path) -> None:
+    """A VecEnv of Tuple observations (terminal observations included) and a reload with the raw env."""
+    space = SPACES["tuple"]
+    vec_env = make_vec_env(lambda: SpaceEnv(space), n_envs=2, seed=0)
+    model = tiny_model(vec_env)
+    model.learn(24)
+    assert model._n_updates > 0
+    obs = vec_env.reset()
+    assert isinstance(obs, tuple)
+    actions, _ = model.predict(obs)
+    assert actions.shape == (2,)
+    model.save(tmp_path / "model")
+    loaded = AMAGO.load(tmp_path / "model", env=SpaceEnv(space))
+    single, _ = SpaceEnv(space).reset(seed=0)
+    np.testing.assert_array_equal(model.predict(single, deterministic=True)[0], loaded.predict(single, deterministic=True)[0])
+    loaded.learn(8)
+
+
+def test_integer_box_is_normalised_like_a_float_box() -> None:
+    model = tiny_model(SpaceEnv(SPACES["int_box"]))
+    model.learn(20)
+    (norm,) = model.policy.timestep_encoder.obs_norms.values()
+    assert float(norm.mean.mean()) > 100.0  # values drawn from [0, 1000]
+
+
+def test_flat_names_and_values() -> None:
+    space = SPACES["nested_dict"]
+    flat = flat_dict_space(space)
+    assert list(flat.spaces) == ["a", "b/c", "b/d_0", "b/d_1"]
+    obs = space.sample()
+    by_space, by_structure = flat_dict_obs(obs, space), flat_dict_obs(obs)
+    assert by_space.keys() == by_structure.keys() == flat.spaces.keys()
+    np.testing.assert_array_equal(by_space["b/d_1"], obs["b"]["d"][1])
+    assert list(flat_dict_space(SPACES["tuple"]).spaces) == ["observation_0", "observation_1", "observation_2"]
+
+
+def test_discrete_start_offsets_reach_the_same_one_hot_codes() -> None:
+    """Discrete(4, start=-2) value v is embedded exactly as Discrete(4) value v + 2."""
+    shifted = tiny_model(SpaceEnv(SPACES["discrete_start"]))
+    plain = tiny_model(SpaceEnv(spaces.Discrete(4)))
+    plain.policy.load_state_dict(shifted.policy.state_dict())
+    for value in range(-2, 2):
+        expected, _ = plain.policy.predict(np.array(value + 2), deterministic=True)
+        got, _ = shifted.policy.predict(np.array(value), deterministic=True)
+        assert got == expected
+    with th.no_grad():
+        a = shifted.policy.observe(th.tensor([[-2], [1]]), shifted.policy.initial_state(2))[0]
+        b = plain.policy.observe(th.tensor([[0], [3]]), plain.policy.initial_state(2))[0]
+    assert th.equal(a, b)
+
+
+@pytest.mark.parametrize("name", [name for name, space in SPACES.items() if has_float_part(space)])
+def test_non_finite_values_are_refused_with_the_part_named(name: str) -> None:
+    space = SPACES[name]
+    model = tiny_model(SpaceEnv(space))
+    obs = poison(space.sample())
+    part = "observation"
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        part = next(key for key, s in flat_dict_space(space).spaces.items() if isinstance(s, spaces.Box))
+    with pytest.raises(ValueError, match=f"'{part}'.*NaN or infinite"):
+        model.predict(obs)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        tiny_model(SpaceEnv(space, nan_at=3)).learn(8)
+
+
+# --------------------------------------------------------------------------------------------
+# Images of any size
+# --------------------------------------------------------------------------------------------
+IMAGE_SHAPES = {
+    "3x3x3": (3, 3, 3),
+    "5x5x3": (5, 5, 3),
+    "7x7x3": (7, 7, 3),
+    "odd_5x9x3": (5, 9, 3),
+    "channel_first_3x5x9": (3, 5, 9),
+    "35x35x1_largest_small": (35, 35, 1),
+    "36x36x3_smallest_nature": (36, 36, 3),
+    "64x64x3": (64, 64, 3),
+    "84x84x1": (84, 84, 1),
+}
+
+
+def image_space(shape: tuple[int, ...]) -> spaces.Box:
+    return spaces.Box(0, 255, shape, dtype=np.uint8)
+
+
+def _image_cnn(model: AMAGO) -> th.nn.Module:
+    (encoder,) = model.policy.timestep_encoder.features_extractor.encoders.values()
+    return encoder.cnn
+
+
+@pytest.mark.parametrize("name", list(IMAGE_SHAPES))
+def test_images_of_any_size_build_train_and_predict(name: str) -> None:
+    shape = IMAGE_SHAPES[name]
+    model = tiny_model(
+        SpaceEnv(image_space(shape)), policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn_features_dim": 16}}
+    )
+    expected = NatureCNN if min(sorted(shape)[1:]) >= NATURE_CNN_MIN_SIZE else SmallImageCNN
+    assert isinstance(_image_cnn(model), expected)
+    model.learn(14)
+    assert model._n_updates > 0
+    obs, _ = SpaceEnv(image_space(shape)).reset(seed=0)
+    action, _ = model.predict(obs)
+    assert action in (0, 1)
+
+
+@pytest.mark.parametrize("cnn", ["impala", "small"])
+def test_small_odd_image_with_each_cnn_and_beside_other_keys(cnn: str) -> None:
+    space = spaces.Dict({"image": image_space((5, 9, 3)), "vector": spaces.Box(-1, 1, (2,))})
+    kwargs = {"cnn": cnn, "cnn_features_dim": 16}
+    model = tiny_model(SpaceEnv(space), policy_kwargs={**TINY, "features_extractor_kwargs": kwargs})
+    model.learn(14)
+    assert model._n_updates > 0
+    obs, _ = SpaceEnv(space).reset(seed=0)
+    assert model.predict(obs)[0] in (0, 1)
+
+
+def test_image_too_small_for_the_chosen_cnn_fails_at_construction_with_the_fix() -> None:
+    env = SpaceEnv(image_space((7, 7, 3)))
+    with pytest.raises(ValueError, match=r"at least 36x36.*got 7x7.*cnn='auto'"):
+        tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "nature"}})
+    with pytest.raises(
+        ValueError, match=r"NatureCNN cannot take the image observations.*36x36.*features_extractor_class unset"
+    ):
+        tiny_model(env, policy_kwargs={**TINY, "features_extractor_class": NatureCNN})
+    with pytest.raises(ValueError, match="Unknown cnn"):
+        tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "resnet"}})

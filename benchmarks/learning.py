@@ -82,7 +82,7 @@ import argparse
 import csv
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -403,11 +403,14 @@ def finished_runs(rows: Sequence[Row]) -> set[RunKey]:
     return {run_key(row) for row in rows if row["final"]}
 
 
-def drop_unfinished(path: Path) -> set[RunKey]:
-    """Remove the rows of runs without a final row (interrupted runs); return the finished runs."""
+def drop_unfinished(path: Path, only: Iterable[RunKey] | None = None) -> set[RunKey]:
+    """Remove the rows of runs without a final row (interrupted runs), of the runs in ``only`` if
+    given (so a process leaves alone the runs another process has in progress); return the
+    finished runs."""
     rows = read_rows(path)
     finished = finished_runs(rows)
-    kept = [row for row in rows if run_key(row) in finished]
+    dropped = None if only is None else set(only)
+    kept = [row for row in rows if run_key(row) in finished or (dropped is not None and run_key(row) not in dropped)]
     if len(kept) < len(rows):
         write_rows(path, kept)
     return finished

@@ -141,16 +141,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     th.set_num_threads(args.threads)
     csv_path = args.out_dir / "swap_in_curves.csv"
     if not args.report_only:
-        drop_unfinished(csv_path)
-        for name in args.tasks:
-            for algo in args.algos:
-                for seed in args.seeds:
-                    key = RunKey(name, algo, seed, TASKS[name].budget)
-                    if any(
-                        r["final"] and (r["task"], r["algo"], r["seed"]) == (name, algo, seed) for r in read_rows(csv_path)
-                    ):
-                        continue
-                    train_run(key, args.eval_every, csv_path, args.conf_file)
+        planned = [
+            RunKey(name, algo, seed, TASKS[name].budget) for name in args.tasks for algo in args.algos for seed in args.seeds
+        ]
+        finished = drop_unfinished(csv_path, only=planned)
+        for key in planned:
+            if key not in finished:
+                train_run(key, args.eval_every, csv_path, args.conf_file)
     rows = read_rows(csv_path)
     done = {(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]}
     rows = [r for r in rows if (r["task"], r["algo"], r["seed"]) in done]

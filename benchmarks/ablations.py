@@ -238,7 +238,10 @@ NOTE = (
     "Settings: 8 envs, batch 24 windows of 53 steps, Transformer d_model 128 x 3 layers x 8 heads (d_ff 512), "
     "lr 1e-4, one update per 8 env steps; everything else the package default unless the variant says otherwise. "
     "Evaluation every 500 env steps on 16 deterministic episodes; a run stops after two evaluations in a row at >= 0.99. "
-    "Two runs shared the 2-core machine (one torch thread each), so seconds are comparable only roughly."
+    "Rows were run in pieces, `python benchmarks/ablations.py --variants NAME` (budget 16,000: learnable, "
+    "sinusoidal, rotary) or `--budget 12000 --variants NAME` (the others); the table is rebuilt from the CSV by the "
+    "command below. Two to six runs shared the 2-core machine (one torch thread each), so seconds are upper "
+    "bounds, comparable only roughly."
 )
 
 

@@ -63,7 +63,9 @@ def report(csv_path: Path, out_dir: Path) -> None:
         "",
         (
             '`AMAGO("TransformerPolicy", env_id, seed=seed)` on one env; per seed: env steps (training seconds, '
-            "evaluation excluded) to a POPGym-normalised score of 0.9 (`-`: not within the steps run), best score."
+            "evaluation excluded) to a POPGym-normalised score of 0.9 (`-`: not within the steps run), best score. "
+            "Runs made by `python benchmarks/first_run.py` (several runs sharing the 2 cores, so seconds are upper "
+            "bounds); the table is rebuilt from the CSV by the command above. Tasks missing here have no finished run."
         ),
         "",
         "| task | steps (s) to 0.9 | best score | steps run |",

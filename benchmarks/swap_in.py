@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch as th
 from common import RESULTS_DIR, provenance, run_metadata
-from learning import EvalRecorder, RunKey, Task, append_row, drop_unfinished, make_envs, read_rows, run_settings
+from learning import EvalRecorder, RunKey, Task, algo_label, append_row, drop_unfinished, make_envs, read_rows, run_settings
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_amago.zoo import HYPERPARAMS_FILE
@@ -88,7 +88,7 @@ def summarize(rows: Sequence[dict]) -> dict[str, dict]:
             (r for r in rows if (r["task"], r["algo"], r["seed"]) == (task_name, algo, seed)), key=lambda r: r["env_steps"]
         )
         hit = next((r for r in run if r["mean_return"] >= task.solved), None)
-        entry = out.setdefault(f"{task_name} / {algo}", {"solved_return": task.solved, "seeds": []})
+        entry = out.setdefault(f"{task_name} / {algo_label(algo, task)}", {"solved_return": task.solved, "seeds": []})
         entry["seeds"].append(
             {
                 "seed": seed,

@@ -79,10 +79,11 @@ def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> 
 
 
 def summarize(rows: Sequence[dict]) -> dict[str, dict]:
-    """Per (task, algo): per-seed steps / seconds to the solved return and the final return."""
+    """Per (task, algo): per-seed steps / seconds to the solved return and the last return (of a
+    run stopped before its budget too, marked ``stopped``)."""
     out: dict[str, dict] = {}
-    finished = sorted({(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]})
-    for task_name, algo, seed in finished:
+    finished = {(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]}
+    for task_name, algo, seed in sorted({(r["task"], r["algo"], r["seed"]) for r in rows}):
         task = TASKS[task_name]
         run = sorted(
             (r for r in rows if (r["task"], r["algo"], r["seed"]) == (task_name, algo, seed)), key=lambda r: r["env_steps"]
@@ -97,6 +98,7 @@ def summarize(rows: Sequence[dict]) -> dict[str, dict]:
                 "final_return": run[-1]["mean_return"],
                 "final_steps": run[-1]["env_steps"],
                 "train_seconds": round(run[-1]["wall_s"], 1),
+                "stopped": (task_name, algo, seed) not in finished,
             }
         )
     return out
@@ -110,7 +112,9 @@ def markdown(summary: dict[str, dict], meta: dict) -> str:
         "",
         (
             "Per seed: env steps (training seconds, evaluation excluded) to the first evaluation at the solved "
-            "return, `-` if never; final return of 10 deterministic episodes; total training seconds."
+            "return, `-` if never; final return of 10 deterministic episodes (or the last one, where a run was "
+            "stopped before its budget); total training seconds. Runs made by `python benchmarks/swap_in.py "
+            "[--tasks T --algos A --seeds S]`, several sharing the 2 cores (seconds are upper bounds)."
         ),
         "",
         "| task / algorithm | solved at | steps (s) to solved | final return | training s |",
@@ -121,7 +125,9 @@ def markdown(summary: dict[str, dict], meta: dict) -> str:
         reach = " / ".join(
             "-" if s["steps_to_solved"] is None else f"{s['steps_to_solved']:,} ({s['seconds_to_solved']:.0f})" for s in seeds
         )
-        final = " / ".join(f"{s['final_return']:.1f}" for s in seeds)
+        final = " / ".join(
+            f"{s['final_return']:.1f}" + (f" (stopped at {s['final_steps']:,})" if s["stopped"] else "") for s in seeds
+        )
         secs = " / ".join(f"{s['train_seconds']:.0f}" for s in seeds)
         lines.append(f"| {name} | {entry['solved_return']:g} | {reach} | {final} | {secs} |")
     return "\n".join(lines) + "\n"
@@ -148,10 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for key in planned:
             if key not in finished:
                 train_run(key, args.eval_every, csv_path, args.conf_file)
-    rows = read_rows(csv_path)
-    done = {(r["task"], r["algo"], r["seed"]) for r in rows if r["final"]}
-    rows = [r for r in rows if (r["task"], r["algo"], r["seed"]) in done]
-    summary = summarize(rows)
+    summary = summarize(read_rows(csv_path))
     meta = run_metadata()
     (args.out_dir / "swap_in.json").write_text(
         json.dumps({"tasks": {k: vars(v) for k, v in TASKS.items()}, "results": summary, **meta}, indent=2) + "\n"

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
-from common import RESULTS_DIR, provenance, run_metadata
+from common import add_learning_run_args, provenance, run_metadata
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
@@ -251,10 +251,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=16_000)
     parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--threads", type=int, default=1)
+    add_learning_run_args(parser)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
     csv_path = args.out_dir / "ablations_curves.csv"

@@ -1,6 +1,7 @@
 """What every benchmark records beside its figures (benchmarks/results/<name>.json and .md):
 the exact command, torch version and thread count, CPU model and date."""
 
+import argparse
 import datetime
 import json
 import platform
@@ -12,6 +13,14 @@ from typing import Any
 import torch as th
 
 RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def add_learning_run_args(parser: argparse.ArgumentParser) -> None:
+    """The options every resumable learning benchmark takes: ``--threads`` (torch threads per run, 1 by
+    default), ``--out-dir`` (where the CSV and the report go) and ``--report-only`` (no training)."""
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--report-only", action="store_true", help="write the report from the CSV, train nothing")
 
 
 def cpu_model() -> str:

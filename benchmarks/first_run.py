@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch as th
 from ablations import Recorder, first_reach, read_rows
-from common import RESULTS_DIR, provenance, run_metadata
+from common import add_learning_run_args, provenance, run_metadata
 
 from sb3_amago import AMAGO
 from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES, popgym_normalized_score
@@ -85,9 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--report-only", action="store_true")
+    add_learning_run_args(parser)
     args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
     csv_path = args.out_dir / "first_run_curves.csv"

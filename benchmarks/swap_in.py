@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch as th
-from common import RESULTS_DIR, provenance, run_metadata
+from common import add_learning_run_args, provenance, run_metadata
 from learning import EvalRecorder, RunKey, Task, algo_label, append_row, drop_unfinished, make_envs, read_rows, run_settings
 from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -139,10 +139,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--eval-every", type=int, default=2_500)
-    parser.add_argument("--threads", type=int, default=1)
+    add_learning_run_args(parser)
     parser.add_argument("--conf-file", type=Path, default=HYPERPARAMS_FILE, help="AMAGO's hyperparameter file")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
     csv_path = args.out_dir / "swap_in_curves.csv"

@@ -9,18 +9,11 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.torch_layers import NatureCNN
+from test_amago import TINY
 
 from sb3_amago import AMAGO
 from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SmallImageCNN
 from sb3_amago.wrappers import flat_dict_obs, flat_dict_space
-
-TINY = {
-    "traj_encoder_kwargs": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
-    "d_embed": 16,
-    "actor_hidden": (16,),
-    "critic_hidden": (16,),
-    "timestep_encoder_kwargs": {"hidden_sizes": (16,)},
-}
 
 
 class SpaceEnv(gym.Env):

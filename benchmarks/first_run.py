@@ -36,12 +36,13 @@ def return_at_score(task: str, score: float) -> float:
 
 
 def report(csv_path: Path, out_dir: Path) -> None:
+    """Per task and seed, from its latest attempt (a run stopped before its budget or target is
+    marked ``stopped``): steps and seconds to the target, best score, steps run."""
     rows = read_rows(csv_path)
-    finished = {(r["variant"], r["seed"], r["attempt"]) for r in rows if r["final"]}
-    rows = [r for r in rows if (r["variant"], r["seed"], r["attempt"]) in finished]
+    latest = {(r["variant"], r["seed"]): r["attempt"] for r in sorted(rows, key=lambda r: r["attempt"])}
     results: dict[str, list[dict]] = {}
-    for task, seed, _ in sorted(finished):
-        run = [r for r in rows if (r["variant"], r["seed"]) == (task, seed)]
+    for (task, seed), attempt in sorted(latest.items()):
+        run = [r for r in rows if (r["variant"], r["seed"], r["attempt"]) == (task, seed, attempt)]
         hit = first_reach(run, return_at_score(task, TARGET))
         results.setdefault(task, []).append(
             {
@@ -50,6 +51,7 @@ def report(csv_path: Path, out_dir: Path) -> None:
                 "seconds_to_0.9": None if hit is None else hit[1],
                 "best_score": max(popgym_normalized_score(task, r["mean_return"]) for r in run),
                 "steps_run": max(r["env_steps"] for r in run),
+                "stopped": not any(r["final"] for r in run),
             }
         )
     meta = run_metadata()
@@ -65,7 +67,8 @@ def report(csv_path: Path, out_dir: Path) -> None:
             '`AMAGO("TransformerPolicy", env_id, seed=seed)` on one env; per seed: env steps (training seconds, '
             "evaluation excluded) to a POPGym-normalised score of 0.9 (`-`: not within the steps run), best score. "
             "Runs made by `python benchmarks/first_run.py` (several runs sharing the 2 cores, so seconds are upper "
-            "bounds); the table is rebuilt from the CSV by the command above. Tasks missing here have no finished run."
+            "bounds); the table is rebuilt from the CSV by the command above. `(stopped)`: the run was stopped before "
+            "its budget or its target."
         ),
         "",
         "| task | steps (s) to 0.9 | best score | steps run |",
@@ -76,7 +79,7 @@ def report(csv_path: Path, out_dir: Path) -> None:
             "-" if r["steps_to_0.9"] is None else f"{r['steps_to_0.9']:,} ({r['seconds_to_0.9']:.0f})" for r in runs
         )
         best = " / ".join(f"{r['best_score']:.3f}" for r in runs)
-        steps = " / ".join(f"{r['steps_run']:,}" for r in runs)
+        steps = " / ".join(f"{r['steps_run']:,}" + (" (stopped)" if r["stopped"] else "") for r in runs)
         lines.append(f"| {task} | {reach} | {best} | {steps} |")
     (out_dir / "first_run.md").write_text("\n".join(lines) + "\n")
 

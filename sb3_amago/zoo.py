@@ -182,6 +182,14 @@ def evaluate_expression(key: str, text: str, where: str) -> Any:
         ) from exc
 
 
+def evaluate_expressions(hyperparams: dict[str, Any], where: Callable[[str], str]) -> None:
+    """Replace the string values of :data:`EVALUATED_KEYS` in ``hyperparams`` by what they evaluate to;
+    ``where`` names, for a key, where it was set (for the error messages)."""
+    for key in EVALUATED_KEYS:
+        if isinstance(hyperparams.get(key), str):
+            hyperparams[key] = evaluate_expression(key, hyperparams[key], where(key))
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     """One env's entry of a zoo hyperparameter file, ready to build the algorithm with.
@@ -223,9 +231,7 @@ def read_zoo_entry(env_id: str, path: Path | str = HYPERPARAMS_FILE) -> ZooEntry
     normalize = bool(hyperparams.pop("normalize", False))
     env_wrapper = rl_zoo3.utils.get_wrapper_class(hyperparams)
     hyperparams.pop("env_wrapper", None)
-    for key in EVALUATED_KEYS:
-        if isinstance(hyperparams.get(key), str):
-            hyperparams[key] = evaluate_expression(key, hyperparams[key], where)
+    evaluate_expressions(hyperparams, lambda _key: where)
     return ZooEntry(n_timesteps, n_envs, normalize, env_wrapper, ExperimentManager._preprocess_schedules(hyperparams))
 
 
@@ -255,9 +261,7 @@ class AmagoExperimentManager(ExperimentManager):
             raise ZooConfigError(
                 f"'n_timesteps' is missing {self._where('n_timesteps')}: every entry needs it (-n overrides it)."
             )
-        for key in EVALUATED_KEYS:
-            if isinstance(hyperparams.get(key), str):
-                hyperparams[key] = evaluate_expression(key, hyperparams[key], self._where(key))
+        evaluate_expressions(hyperparams, self._where)
         processed = super()._preprocess_hyperparams(hyperparams)
         check_hyperparameters(processed[0], self._where)
         return processed

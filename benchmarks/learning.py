@@ -3,7 +3,7 @@
 
     python benchmarks/learning.py --quick              # 2 tasks x 3 algos x 2 seeds x 10,000 steps: learning_quick.*
     python benchmarks/learning.py                      # every task, 3 seeds, full budgets (many hours): learning.*
-    python benchmarks/learning.py --tasks TMaze100 --algos amago ppo_lstm --seeds 5 --budget 200000
+    python benchmarks/learning.py --tasks TMaze100 --algos amago ppo_lstm --seeds 0 1 2 3 4 --budget 200000
     python benchmarks/learning.py --report-only        # table, json and plots from the CSV as it stands
 
 Runs are sequential (one timed run at a time, ``--threads`` torch threads, 1 by default). ``--quick``
@@ -105,15 +105,28 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_nor
 
 from sb3_amago import AMAGO
 from sb3_amago.envs.popgym_envs import popgym_normalized_score
+from sb3_amago.relabel import HindsightInstructionRelabeler
 from sb3_amago.zoo import HYPERPARAMS_FILE, read_zoo_entry
 
 #: Score a run must reach to count as solving its task.
 THRESHOLD = 0.9
-#: The compared algorithms: AMAGO, RecurrentPPO, and DQN or SAC by action space.
+#: The compared algorithms on every task: AMAGO, RecurrentPPO, and DQN or SAC by action space.
 ALGOS = ("amago", "ppo_lstm", "memoryless")
+#: AMAGO with one change to its zoo entry, for the ablation rows: name -> (label, changed arguments;
+#: ``policy_kwargs`` changes are merged into the entry's).
+AMAGO_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "amago": ("AMAGO", {}),
+    "amago_gru": ("AMAGO (GRU encoder)", {"policy_kwargs": {"traj_encoder": "gru", "traj_encoder_kwargs": {}}}),
+    "amago_ff": ("AMAGO (feed-forward encoder)", {"policy_kwargs": {"traj_encoder": "ff", "traj_encoder_kwargs": {}}}),
+    "amago_no_relabel": ("AMAGO (no relabeling)", {"relabeler": HindsightInstructionRelabeler(strategy="none")}),
+}
+#: Every algorithm name a task can list.
+ALGO_CHOICES = (*ALGOS, *(name for name in AMAGO_VARIANTS if name not in ALGOS))
+#: The memory-model ablation: the compared algorithms and AMAGO with GRU and feed-forward encoders.
+WITH_ENCODER_ABLATION = (*ALGOS, "amago_gru", "amago_ff")
 ZOO_HYPERPARAMS = Path(rl_zoo3.__file__).resolve().parent / "hyperparams"
-#: Settings counted in env steps, scaled by budget / n_timesteps when the budget is smaller.
-BUDGET_SCALED_KEYS = ("learning_starts", "exploration_steps")
+#: Schedules counted in env steps, scaled by budget / n_timesteps when the budget is smaller.
+BUDGET_SCALED_KEYS = ("exploration_steps",)
 #: Evaluation envs run side by side (at most one per episode).
 EVAL_ENVS = 8
 #: Evaluation envs are seeded with the run's seed plus this, apart from the training envs.
@@ -129,56 +142,73 @@ FIELDS: dict[str, type] = {
     "mean_return": float,
     "std_return": float,
     "score": float,
+    "trial_returns": str,
     "final": int,
 }
+#: Columns added after the first results: their value in rows written before them.
+FIELD_DEFAULTS = {"trial_returns": ""}
 
 Row = dict[str, Any]
 
 
+#: How a task's evaluation episodes become its score (each between 0 and 1).
+SCORE_NAMES = {
+    "popgym": "POPGym-normalised return",
+    "success": "success rate",
+    "trials": "mean trial return / best trial return",
+}
+
+
 @dataclass(frozen=True)
 class Task:
-    """One benchmark task: an env id, its full-run budget and how its score is computed."""
+    """One benchmark task: an env id, its budget, how its score is computed and who runs on it.
+
+    :param score_kind: a key of :data:`SCORE_NAMES`
+    :param algos: the algorithms (keys of :data:`ALGO_LABELS`) run on the task
+    :param trials: meta-RL tasks: trials per rollout reported one by one (every rollout has at least this many)
+    :param best_trial_return: meta-RL tasks: a trial's highest return (the score's scale)
+    """
 
     name: str
     env_id: str
     budget: int
+    score_kind: str
     continuous: bool = False
-
-    @property
-    def is_tmaze(self) -> bool:
-        """Whether the score is the success rate (the T-maze) rather than the POPGym-normalised return."""
-        return self.name.startswith("TMaze")
+    algos: tuple[str, ...] = ALGOS
+    trials: int = 0
+    best_trial_return: float = 1.0
 
     @property
     def score_name(self) -> str:
         """What the score is, for tables and axis labels."""
-        return "success rate" if self.is_tmaze else "POPGym-normalised return"
+        return SCORE_NAMES[self.score_kind]
 
-    def score(self, returns: Sequence[float], successes: Sequence[bool]) -> float:
-        """Success rate (T-maze) or the POPGym-normalised mean return of evaluation episodes."""
-        if self.is_tmaze:
+    def score(self, returns: Sequence[float], successes: Sequence[bool], trial_returns: np.ndarray) -> float:
+        """The score of a set of evaluation episodes (``trial_returns``: ``(episodes, trials)``)."""
+        if self.score_kind == "success":
             return float(np.mean(successes))
+        if self.score_kind == "trials":
+            return float(trial_returns.mean() / self.best_trial_return)
         return popgym_normalized_score(self.name, float(np.mean(returns)))
 
 
-def _popgym(name: str, continuous: bool = False) -> Task:
-    return Task(name, f"amago-popgym-{name}-v0", 500_000, continuous)
+def _popgym(name: str, continuous: bool = False, algos: tuple[str, ...] = ALGOS) -> Task:
+    return Task(name, f"amago-popgym-{name}-v0", 50_000, "popgym", continuous, algos)
 
 
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        _popgym("RepeatPreviousEasy"),
+        _popgym("RepeatPreviousEasy", algos=WITH_ENCODER_ABLATION),
         _popgym("RepeatFirstEasy"),
         _popgym("CountRecallEasy"),
         _popgym("AutoencodeEasy"),
+        _popgym("HigherLowerEasy"),
         _popgym("PositionOnlyCartPoleEasy"),
         _popgym("PositionOnlyPendulumEasy", continuous=True),
-        Task("TMaze100", "amago-TMaze100-v0", 500_000),
-        Task("TMaze1000", "amago-TMaze1000-v0", 1_000_000),
+        Task("TMaze100", "amago-TMaze100-v0", 100_000, "success", algos=WITH_ENCODER_ABLATION),
     )
 }
-
 #: (peer, continuous actions) -> (class, RL Zoo hyperparameter file, entry).
 PEERS: dict[tuple[str, bool], tuple[type[BaseAlgorithm], str, str]] = {
     ("ppo_lstm", False): (RecurrentPPO, "ppo_lstm.yml", "CartPoleNoVel-v1"),
@@ -195,8 +225,8 @@ FULL = {"tasks": tuple(TASKS), "seeds": 3, "eval_episodes": 32, "evals": 20}
 
 def algo_label(algo: str, task: Task) -> str:
     """The algorithm's class name on this task (the memoryless peer is DQN or SAC)."""
-    if algo == "amago":
-        return AMAGO.__name__
+    if algo in AMAGO_VARIANTS:
+        return AMAGO_VARIANTS[algo][0]
     return PEERS[(algo, task.continuous)][0].__name__
 
 
@@ -219,13 +249,15 @@ class RunSettings:
 def run_settings(task: Task, algo: str, budget: int, amago_file: Path = HYPERPARAMS_FILE) -> RunSettings:
     """The zoo entry of ``algo`` for ``task``, adapted to ``budget`` (see the module docstring);
     AMAGO's entries come from ``amago_file``."""
-    if algo == "amago":
+    if algo in AMAGO_VARIANTS:
         algo_class, path, name, flatten = AMAGO, amago_file, task.env_id, False
     else:
         algo_class, file_name, name = PEERS[(algo, task.continuous)]
         path, flatten = ZOO_HYPERPARAMS / file_name, True
     entry = read_zoo_entry(name, path)
     hyperparams = dict(entry.kwargs)
+    for key, value in AMAGO_VARIANTS.get(algo, ("", {}))[1].items():
+        hyperparams[key] = {**hyperparams.get(key, {}), **value} if key == "policy_kwargs" else value
     scale = min(1.0, budget / float(entry.n_timesteps))
     for key in BUDGET_SCALED_KEYS:
         if key in hyperparams:
@@ -271,13 +303,22 @@ def run_key(row: Row) -> RunKey:
     return RunKey(row["task"], row["algo"], row["seed"], row["budget"])
 
 
+class Evaluation(NamedTuple):
+    """What one evaluation of a model measured."""
+
+    mean_return: float
+    std_return: float
+    score: float
+    trial_returns: str
+
+
 class EvalRecorder(BaseCallback):
     """Evaluates at the start, every ``eval_freq`` env steps below the budget, and at the end; hands
     each row to ``on_row``. Training seconds exclude the time spent evaluating."""
 
     def __init__(
         self,
-        evaluate: Callable[[], tuple[float, float, float]],
+        evaluate: Callable[[], Evaluation],
         eval_freq: int,
         budget: int,
         run_fields: Row,
@@ -310,33 +351,32 @@ class EvalRecorder(BaseCallback):
     def _record(self, final: bool) -> None:
         began = time.perf_counter()
         wall = began - self.start - self.eval_seconds
-        mean_return, std_return, score = self.evaluate()
+        evaluation = self.evaluate()
         self.eval_seconds += time.perf_counter() - began
         self.on_row(
-            {
-                **self.run_fields,
-                "env_steps": self.num_timesteps,
-                "wall_s": wall,
-                "mean_return": mean_return,
-                "std_return": std_return,
-                "score": score,
-                "final": int(final),
-            }
+            {**self.run_fields, "env_steps": self.num_timesteps, "wall_s": wall, **evaluation._asdict(), "final": int(final)}
         )
 
 
-def evaluate_model(model: BaseAlgorithm, eval_env: VecEnv, task: Task, n_episodes: int) -> tuple[float, float, float]:
-    """Mean and std of the return of ``n_episodes`` deterministic episodes, and the task's score."""
+def evaluate_model(model: BaseAlgorithm, eval_env: VecEnv, task: Task, n_episodes: int) -> Evaluation:
+    """``n_episodes`` deterministic episodes: return mean and std, the task's score and, for meta-RL
+    tasks, the mean return of each of the first ``task.trials`` trials (``;``-separated)."""
     successes: list[bool] = []
+    trial_returns: list[list[float]] = []
 
-    def record_success(locals_: dict[str, Any], _globals: dict[str, Any]) -> None:
+    def record_episode(locals_: dict[str, Any], _globals: dict[str, Any]) -> None:
         if locals_["done"]:
-            successes.append(bool(locals_["info"].get("is_success", False)))
+            info = locals_["info"]
+            successes.append(bool(info.get("is_success", False)))
+            if task.trials:
+                trial_returns.append(list(info["trial_returns"][: task.trials]))
 
     returns, _ = evaluate_policy(
-        model, eval_env, n_eval_episodes=n_episodes, deterministic=True, return_episode_rewards=True, callback=record_success
+        model, eval_env, n_eval_episodes=n_episodes, deterministic=True, return_episode_rewards=True, callback=record_episode
     )
-    return float(np.mean(returns)), float(np.std(returns)), task.score(returns, successes)
+    per_trial = np.array(trial_returns, dtype=float).reshape(len(trial_returns), task.trials)  # (episodes, trials)
+    trials_text = ";".join(f"{value:.4f}" for value in per_trial.mean(axis=0)) if task.trials else ""
+    return Evaluation(float(np.mean(returns)), float(np.std(returns)), task.score(returns, successes, per_trial), trials_text)
 
 
 def train_run(key: RunKey, config: "Config") -> None:
@@ -347,7 +387,7 @@ def train_run(key: RunKey, config: "Config") -> None:
     eval_env = make_envs(task, settings, min(EVAL_ENVS, config.eval_episodes), key.seed + EVAL_SEED_OFFSET, training=False)
     model = settings.algo_class(env=env, seed=key.seed, device=config.device, verbose=0, **settings.kwargs)
 
-    def evaluate() -> tuple[float, float, float]:
+    def evaluate() -> Evaluation:
         if settings.normalize:
             sync_envs_normalization(env, eval_env)
         return evaluate_model(model, eval_env, task, config.eval_episodes)
@@ -374,7 +414,9 @@ def read_rows(path: Path) -> list[Row]:
     if not path.exists():
         return []
     with open(path, newline="") as file:
-        return [{key: FIELDS[key](value) for key, value in row.items()} for row in csv.DictReader(file)]
+        return [
+            {key: kind(row.get(key, FIELD_DEFAULTS.get(key))) for key, kind in FIELDS.items()} for row in csv.DictReader(file)
+        ]
 
 
 def write_rows(path: Path, rows: Sequence[Row]) -> None:
@@ -446,6 +488,7 @@ class Config:
             RunKey(task.name, algo, seed, self.budgets[task.name])
             for task in self.tasks
             for algo in self.algos
+            if algo in task.algos
             for seed in self.seeds
         ]
 
@@ -459,8 +502,10 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--tasks", nargs="+", choices=list(TASKS), help=f"tasks (default: all; quick: {' '.join(QUICK['tasks'])})"
     )
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
-    parser.add_argument("--seeds", type=int, help="number of seeds, 0 .. n-1 (default 3; quick 2)")
+    parser.add_argument(
+        "--algos", nargs="+", choices=list(ALGO_CHOICES), default=list(ALGO_CHOICES), help="(default: every task's own)"
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; quick 0 1)")
     parser.add_argument("--budget", type=int, help="env steps per run for every task (default: per task; quick 12,000)")
     parser.add_argument("--eval-episodes", type=int, help="episodes per evaluation (default 32; quick 16)")
     parser.add_argument("--evals", type=int, help="evaluations per run besides the first and last (default 20; quick 6)")
@@ -475,7 +520,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     return Config(
         tasks=tasks,
         algos=tuple(args.algos),
-        seeds=tuple(range(args.seeds or defaults["seeds"])),
+        seeds=tuple(args.seeds or range(defaults["seeds"])),
         budgets={task.name: budget or task.budget for task in tasks},
         eval_episodes=args.eval_episodes or defaults["eval_episodes"],
         evals=args.evals or defaults["evals"],
@@ -489,8 +534,8 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
 
 def run_all(config: Config) -> None:
     """Train every run the CSV does not hold yet, one after the other."""
-    finished = drop_unfinished(config.csv_path)
     keys = config.run_keys()
+    finished = drop_unfinished(config.csv_path, only=keys)
     todo = [key for key in keys if key not in finished]
     print(f"{len(keys) - len(todo)} of {len(keys)} runs already in {config.csv_path}; {len(todo)} to go", flush=True)
     for number, key in enumerate(todo, 1):
@@ -568,7 +613,7 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
     finished = finished_runs(rows)
     summaries = []
     for task in config.tasks:
-        for algo in config.algos:
+        for algo in (algo for algo in config.algos if algo in task.algos):
             curves = [
                 run_curve(runs[key]) for key in sorted(runs) if key in finished and (key.task, key.algo) == (task.name, algo)
             ]
@@ -613,7 +658,7 @@ def hyperparameter_sources(config: Config) -> dict[str, dict[str, dict[str, Any]
     """``{task: {algo: class, source entry, n_envs, VecNormalize, keyword arguments}}`` as run."""
     sources: dict[str, dict[str, dict[str, Any]]] = {}
     for task in config.tasks:
-        for algo in config.algos:
+        for algo in (algo for algo in config.algos if algo in task.algos):
             settings = run_settings(task, algo, config.budgets[task.name])
             sources.setdefault(task.name, {})[algo] = {
                 "class": settings.algo_class.__name__,
@@ -685,7 +730,7 @@ def write_report(config: Config) -> list[Summary]:
     source_lines = [
         f"| {task} | {algo_sources[algo]['class']} | {algo_sources[algo]['source']} |"
         for task, algo_sources in sources.items()
-        for algo in config.algos
+        for algo in algo_sources
     ]
     lines = [
         f"# {config.prefix}",

@@ -7,6 +7,8 @@ import os
 import pathlib
 import pickle
 import random
+import signal
+import threading
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -262,8 +264,28 @@ class AMAGO(OffPolicyAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfAMAGO:
-        """SB3's learn; runs log to TensorBoard as ``AMAGO_<n>`` by default, as SAC's do as ``SAC_<n>``."""
-        return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
+        """SB3's learn; runs log to TensorBoard as ``AMAGO_<n>`` by default, as SAC's do as ``SAC_<n>``.
+
+        A ``KeyboardInterrupt``, or a SIGTERM (raised as :class:`TrainingInterrupted`, a
+        ``KeyboardInterrupt``, while the process has no SIGTERM handler of its own), stops training
+        and propagates: files saved before it stay intact (saves are atomic), and the model in
+        memory stays usable: ``predict``, ``save``, and ``learn`` again, which resets the envs
+        and starts new rollouts (the replay closes the interrupted ones unfinished).
+        """
+        with _sigterm_raises_interrupt():
+            try:
+                return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
+            except KeyboardInterrupt:
+                self._abandon_rollouts()
+                raise
+
+    def _abandon_rollouts(self) -> None:
+        """Forget the collection in progress (an interrupt may have come between an env step and
+        its storage): the next ``learn`` resets the envs, and the replay's running rollouts end here."""
+        self._last_obs = None
+        self._collect_state = None
+        if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
+            self.replay_buffer.end_running_rollouts()
 
     def _setup_learn(
         self,
@@ -572,6 +594,29 @@ def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGTERM arrived during ``AMAGO.learn`` (a job scheduler stopping the run, ``kill``): raised in
+    its place so the run unwinds as on Ctrl-C and the script can save before it exits."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`TrainingInterrupted` in the main thread, unless the
+    process already handles SIGTERM itself (its handler is then left alone); restored afterwards."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise TrainingInterrupted(f"Signal {signal.Signals(signum).name} received during learn.")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:

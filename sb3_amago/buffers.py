@@ -320,6 +320,11 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.pos = (self._head + 1) % self.buffer_size
         self.full = self._head + 1 >= self.buffer_size
 
+    def end_running_rollouts(self) -> None:
+        """End every env's running rollout where it stands, unfinished (the envs are restarting):
+        each env's next step starts a new rollout."""
+        self._running[:] = -1
+
     def _close_broken_streams(self, obs: dict[str, np.ndarray]) -> None:
         """Close running rollouts whose newest observation is not the ``obs`` now given."""
         running = np.flatnonzero(self._running >= 0)

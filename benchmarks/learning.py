@@ -1,32 +1,44 @@
-"""Learning benchmark (issue 7): AMAGO against sb3-contrib's RecurrentPPO and a memoryless SB3 baseline
-(DQN for discrete actions, SAC for continuous ones), same env-step budget and seeds for all three.
+"""Learning benchmark: AMAGO against sb3-contrib's RecurrentPPO and a memoryless SB3 baseline
+(DQN for discrete actions, SAC for continuous ones), same env-step budget and seeds for all; and
+AMAGO against variants of itself (its GRU and feed-forward trajectory encoders; no relabeling).
 
     python benchmarks/learning.py --quick              # 2 tasks x 3 algos x 2 seeds x 10,000 steps: learning_quick.*
-    python benchmarks/learning.py                      # every task, 3 seeds, full budgets (many hours): learning.*
+    python benchmarks/learning.py                      # every task, 3 seeds (about 12 hours of one core): learning.*
+    python benchmarks/learning.py --tasks CountRecallEasy --algos amago --seeds 1 2
     python benchmarks/learning.py --tasks TMaze100 --algos amago ppo_lstm --seeds 0 1 2 3 4 --budget 200000
     python benchmarks/learning.py --report-only        # table, json and plots from the CSV as it stands
 
-Runs are sequential (one timed run at a time, ``--threads`` torch threads, 1 by default). ``--quick``
-(RepeatFirstEasy and RepeatPreviousEasy) should take about 15 minutes on one core of a 2-core AMD
-EPYC machine (timed run by run: ~3 minutes per AMAGO run, under half a minute per peer run). AMAGO's
-training dominates a full run: on one thread there, ~17 s per 1,000 env steps with windows of 51
-steps (RepeatFirst), ~29 s with 101 (T-maze H = 100), more for the 200-step windows of the CartPole
-and Pendulum tasks, and ~15 s per update (one per 24 env steps) with the 1,001 of T-maze H = 1,000.
+Each process runs its runs one after the other (``--threads`` torch threads, 1 by default). Several
+processes may fill one CSV side by side with disjoint ``--tasks`` / ``--algos`` / ``--seeds``: each
+drops only the unfinished rows of its own runs when it starts. ``--quick`` (RepeatFirstEasy and
+RepeatPreviousEasy) takes about 15 minutes on one core of a 2-core AMD EPYC machine. AMAGO's
+training dominates the full run: on one thread there, with the d_model-128 Transformer and one
+update per 8 env steps, ~17 s per 1,000 env steps with windows of 52 steps (RepeatFirst), so about
+15 minutes per POPGym run of 50,000 env steps at windows of 52, more for the 104- and 201-step
+windows of Autoencode and the PositionOnly tasks.
 
-Tasks and budgets (env steps per run; ``--budget`` sets one budget for every task):
+Tasks, budgets (env steps per run; ``--budget`` sets one budget for every task) and algorithms:
 
-==========================  ===========================================  ==========  ==========================
-task                        env id                                       budget      score
-==========================  ===========================================  ==========  ==========================
-RepeatPreviousEasy          amago-popgym-RepeatPreviousEasy-v0           500,000     POPGym-normalised return
-RepeatFirstEasy             amago-popgym-RepeatFirstEasy-v0              500,000     POPGym-normalised return
-CountRecallEasy             amago-popgym-CountRecallEasy-v0              500,000     POPGym-normalised return
-AutoencodeEasy              amago-popgym-AutoencodeEasy-v0               500,000     POPGym-normalised return
-PositionOnlyCartPoleEasy    amago-popgym-PositionOnlyCartPoleEasy-v0     500,000     POPGym-normalised return
-PositionOnlyPendulumEasy    amago-popgym-PositionOnlyPendulumEasy-v0     500,000     POPGym-normalised return
-TMaze100                    amago-TMaze100-v0 (passive, H = 100)         500,000     success rate
-TMaze1000                   amago-TMaze1000-v0 (passive, H = 1,000)      1,000,000   success rate
-==========================  ===========================================  ==========  ==========================
+========================  ======================================  =======  ============================  ==========================
+task                      env id (kwargs)                         budget   score                         algorithms
+========================  ======================================  =======  ============================  ==========================
+RepeatPreviousEasy        amago-popgym-RepeatPreviousEasy-v0      50,000   POPGym-normalised return      the three, GRU, feed-forward
+RepeatFirstEasy           amago-popgym-RepeatFirstEasy-v0         50,000   POPGym-normalised return      the three
+CountRecallEasy           amago-popgym-CountRecallEasy-v0         50,000   POPGym-normalised return      the three
+AutoencodeEasy            amago-popgym-AutoencodeEasy-v0          50,000   POPGym-normalised return      the three
+HigherLowerEasy           amago-popgym-HigherLowerEasy-v0         50,000   POPGym-normalised return      the three
+PositionOnlyCartPoleEasy  amago-popgym-PositionOnlyCartPoleEasy   50,000   POPGym-normalised return      the three
+PositionOnlyPendulumEasy  amago-popgym-PositionOnlyPendulumEasy   50,000   POPGym-normalised return      the three (SAC: Box actions)
+TMaze100                  amago-TMaze100-v0 (passive, H = 100)    100,000  success rate                  the three, GRU, feed-forward
+DarkKeyToDoor5            amago-DarkKeyToDoor-v0 (5 x 5 room,     100,000  mean trial return / 2         the three
+                          trials <= 20 steps, 100-step rollouts)
+MazeRunner7               amago-MazeRunner7-v0                    50,000   success rate                  AMAGO relabeling "some"
+                                                                                                         and "none"
+========================  ======================================  =======  ============================  ==========================
+
+Meta-RL: each evaluation also records the mean return of each of the first ``trials`` trials of a
+rollout (``trial_returns``, ``;``-separated); the report shows them at the final evaluation, so
+adaptation in context reads as a return that rises from the first trial to the last.
 
 Hyperparameters: AMAGO takes the entry of the env id in ``sb3_amago/hyperparams/amago.yml`` (the
 package's RL Zoo file). The peers take RL Zoo's published entries, read from the ``hyperparams``
@@ -37,15 +49,19 @@ so POPGym's own PPO settings, ``popgym/baselines/ppo.py``, are not needed):
 tasks                                              RecurrentPPO (``ppo_lstm.yml``)      memoryless
 =================================================  ===================================  ========================
 RepeatPrevious, RepeatFirst, CountRecall,          ``CartPoleNoVel-v1`` (tuned; the     DQN, ``dqn.yml``
-Autoencode, PositionOnlyCartPole, T-maze           zoo's discrete memory task)          ``CartPole-v1`` (tuned)
+Autoencode, HigherLower, PositionOnlyCartPole,     zoo's discrete memory task)          ``CartPole-v1`` (tuned)
+T-maze, dark key-to-door
 PositionOnlyPendulum                               ``PendulumNoVel-v1`` (tuned)         SAC, ``sac.yml``
                                                                                         ``Pendulum-v1``
 =================================================  ===================================  ========================
 
-Each entry's ``n_timesteps`` gives way to the budget. Where the budget is below it, the settings
-counted in env steps keep their share of training: ``learning_starts`` and ``exploration_steps`` are
-scaled by ``budget / n_timesteps``; ``buffer_size`` never exceeds the budget (a larger replay would
-stay partly empty). The zoo's own preprocessing turns ``lin_<x>`` values into linear schedules and
+Each entry's ``n_timesteps`` gives way to the budget. Where the budget is below it, an exploration
+schedule written in the entry keeps its share of training (``exploration_steps`` is scaled by
+``budget / n_timesteps``); ``buffer_size`` never exceeds the budget (a larger replay would stay
+partly empty). ``learning_starts`` is kept: it sizes the first replay, not the run. Where a task
+says so (``Task.amago_kwargs``), AMAGO's entry takes the d_model-128 Transformer of the POPGym
+entries (T-maze, key-to-door, MazeRunner: the CPU scale), the window of a shortened rollout, and a
+``learning_starts`` of one rollout per env; the report's JSON lists every setting as run. The zoo's own preprocessing turns ``lin_<x>`` values into linear schedules and
 evaluates ``policy_kwargs`` strings; ``normalize: True`` wraps the training envs in ``VecNormalize``
 (with the entry's gamma, as the zoo does) and the evaluation envs in a copy of its statistics that
 leaves rewards raw.
@@ -79,11 +95,12 @@ seconds at which the mean over seeds first reaches 0.9, with the number of seeds
 """
 
 import argparse
+import copy
 import csv
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -167,6 +184,9 @@ class Task:
     :param algos: the algorithms (keys of :data:`ALGO_LABELS`) run on the task
     :param trials: meta-RL tasks: trials per rollout reported one by one (every rollout has at least this many)
     :param best_trial_return: meta-RL tasks: a trial's highest return (the score's scale)
+    :param env_kwargs: keyword arguments of the env id (every algorithm gets the same env)
+    :param amago_kwargs: changes to AMAGO's zoo entry that the task's size needs (``policy_kwargs``
+        merged into the entry's): a smaller model, or the window of a shortened rollout
     """
 
     name: str
@@ -177,6 +197,8 @@ class Task:
     algos: tuple[str, ...] = ALGOS
     trials: int = 0
     best_trial_return: float = 1.0
+    env_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    amago_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def score_name(self) -> str:
@@ -190,6 +212,13 @@ class Task:
         if self.score_kind == "trials":
             return float(trial_returns.mean() / self.best_trial_return)
         return popgym_normalized_score(self.name, float(np.mean(returns)))
+
+
+#: The Transformer of the POPGym entries (d_model 128), for the tasks whose entries use the default 256.
+SMALL_TRANSFORMER = {"d_model": 128, "n_heads": 8, "d_ff": 512, "n_layers": 3}
+#: Dark key-to-door at a CPU scale: a 5 x 5 room, trials of at most 20 steps, 100-step rollouts (at
+#: least 5 trials; the registered env is 9 x 9 with 500-step rollouts).
+KEY_DOOR_KWARGS = {"size": 5, "trial_length": 20, "rollout_length": 100}
 
 
 def _popgym(name: str, continuous: bool = False, algos: tuple[str, ...] = ALGOS) -> Task:
@@ -206,7 +235,37 @@ TASKS: dict[str, Task] = {
         _popgym("HigherLowerEasy"),
         _popgym("PositionOnlyCartPoleEasy"),
         _popgym("PositionOnlyPendulumEasy", continuous=True),
-        Task("TMaze100", "amago-TMaze100-v0", 100_000, "success", algos=WITH_ENCODER_ABLATION),
+        Task(
+            "TMaze100",
+            "amago-TMaze100-v0",
+            100_000,
+            "success",
+            algos=WITH_ENCODER_ABLATION,
+            amago_kwargs={"policy_kwargs": {"traj_encoder_kwargs": SMALL_TRANSFORMER}},
+        ),
+        Task(
+            "DarkKeyToDoor5",
+            "amago-DarkKeyToDoor-v0",
+            100_000,
+            "trials",
+            trials=5,
+            best_trial_return=2.0,
+            env_kwargs=KEY_DOOR_KWARGS,
+            amago_kwargs={
+                "learning_starts": 24 * KEY_DOOR_KWARGS["rollout_length"],
+                "max_seq_len": KEY_DOOR_KWARGS["rollout_length"],
+                "rollout_exploration_horizon": KEY_DOOR_KWARGS["rollout_length"],
+                "policy_kwargs": {"traj_encoder_kwargs": SMALL_TRANSFORMER},
+            },
+        ),
+        Task(
+            "MazeRunner7",
+            "amago-MazeRunner7-v0",
+            50_000,
+            "success",
+            algos=("amago", "amago_no_relabel"),
+            amago_kwargs={"learning_starts": 4_800, "policy_kwargs": {"traj_encoder_kwargs": SMALL_TRANSFORMER}},
+        ),
     )
 }
 #: (peer, continuous actions) -> (class, RL Zoo hyperparameter file, entry).
@@ -256,8 +315,10 @@ def run_settings(task: Task, algo: str, budget: int, amago_file: Path = HYPERPAR
         path, flatten = ZOO_HYPERPARAMS / file_name, True
     entry = read_zoo_entry(name, path)
     hyperparams = dict(entry.kwargs)
-    for key, value in AMAGO_VARIANTS.get(algo, ("", {}))[1].items():
-        hyperparams[key] = {**hyperparams.get(key, {}), **value} if key == "policy_kwargs" else value
+    if algo in AMAGO_VARIANTS:
+        for changes in copy.deepcopy((task.amago_kwargs, AMAGO_VARIANTS[algo][1])):
+            for key, value in changes.items():
+                hyperparams[key] = {**hyperparams.get(key, {}), **value} if key == "policy_kwargs" else value
     scale = min(1.0, budget / float(entry.n_timesteps))
     for key in BUDGET_SCALED_KEYS:
         if key in hyperparams:
@@ -279,7 +340,7 @@ def make_envs(task: Task, settings: RunSettings, n_envs: int, seed: int, trainin
             env = wrapper(env)
         return env
 
-    venv = make_vec_env(task.env_id, n_envs=n_envs, seed=seed, wrapper_class=wrap)
+    venv = make_vec_env(task.env_id, n_envs=n_envs, seed=seed, wrapper_class=wrap, env_kwargs=task.env_kwargs)
     if settings.normalize:
         gamma = float(settings.kwargs.get("gamma", 0.99))
         venv = VecNormalize(venv, gamma=gamma, training=training, norm_reward=training)
@@ -596,6 +657,8 @@ class Summary:
     crossing: tuple[int, float] | None
     seeds_reaching: int
     curve: Curve
+    #: Meta-RL tasks: mean over seeds of each trial's return at the final evaluation, ``(trials,)``.
+    final_trials: np.ndarray | None = None
 
     @property
     def label(self) -> str:
@@ -614,12 +677,15 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
     summaries = []
     for task in config.tasks:
         for algo in (algo for algo in config.algos if algo in task.algos):
-            curves = [
-                run_curve(runs[key]) for key in sorted(runs) if key in finished and (key.task, key.algo) == (task.name, algo)
-            ]
-            if not curves:
+            keys = [key for key in sorted(runs) if key in finished and (key.task, key.algo) == (task.name, algo)]
+            if not keys:
                 continue
+            curves = [run_curve(runs[key]) for key in keys]
             finals = [curve.score[-1] for curve in curves]
+            final_trials = None
+            if task.trials:
+                last_rows = [max(runs[key], key=lambda row: row["env_steps"]) for key in keys]
+                final_trials = np.mean([[float(v) for v in row["trial_returns"].split(";")] for row in last_rows], axis=0)
             mean = mean_curve(curves)
             summaries.append(
                 Summary(
@@ -631,9 +697,28 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
                     crossing=steps_to_threshold(mean),
                     seeds_reaching=sum(steps_to_threshold(curve) is not None for curve in curves),
                     curve=mean,
+                    final_trials=final_trials,
                 )
             )
     return summaries
+
+
+def trials_table(summaries: Sequence[Summary]) -> str:
+    """Meta-RL tasks: one row per algorithm, the mean return of each trial of a rollout after training
+    (adaptation in context shows as returns rising from the first trial to the last)."""
+    with_trials = [s for s in summaries if s.final_trials is not None]
+    if not with_trials:
+        return ""
+    n = max(len(s.final_trials) for s in with_trials)
+    lines = [
+        "| task | algorithm | seeds | " + " | ".join(f"trial {i + 1}" for i in range(n)) + " | last - first |",
+        "|---|---|---|" + "---|" * (n + 1),
+    ]
+    for s in with_trials:
+        trials = s.final_trials
+        values = " | ".join(f"{value:.2f}" for value in trials)
+        lines.append(f"| {s.task.name} | {s.label} | {s.n_seeds} | {values} | {trials[-1] - trials[0]:+.2f} |")
+    return "\n".join(lines)
 
 
 def markdown_table(summaries: Sequence[Summary]) -> str:
@@ -713,8 +798,13 @@ def write_report(config: Config) -> list[Summary]:
             "unit": f"s of training, evaluation excluded, {config.threads} torch thread(s)",
         }
         figures[f"{name} seeds reaching {THRESHOLD}"] = {"value": s.seeds_reaching, "unit": f"seeds of {s.n_seeds}"}
+        if s.final_trials is not None:
+            figures[f"{name} final return per trial"] = {"value": s.final_trials.tolist(), "unit": "return, trials 1 .. k"}
     run_config = {
-        "tasks": {task.name: {"env_id": task.env_id, "budget": config.budgets[task.name]} for task in config.tasks},
+        "tasks": {
+            task.name: {"env_id": task.env_id, "env_kwargs": task.env_kwargs, "budget": config.budgets[task.name]}
+            for task in config.tasks
+        },
         "algos": list(config.algos),
         "seeds": list(config.seeds),
         "eval_episodes": config.eval_episodes,
@@ -745,6 +835,11 @@ def write_report(config: Config) -> list[Summary]:
         "",
         markdown_table(summaries),
         "",
+        *(
+            ["Return per trial at the final evaluation (mean over seeds):", "", trials_table(summaries), ""]
+            if trials_table(summaries)
+            else []
+        ),
         "Hyperparameters (adapted to the budget as `benchmarks/learning.py` describes):",
         "",
         "| task | algorithm | entry |",

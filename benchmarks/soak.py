@@ -125,7 +125,12 @@ def main() -> None:
     figures = {
         "RSS when the replay is full": {"value": full / 2**20, "unit": "MiB", "at_env_steps": BUFFER_SIZE},
         "RSS at the end": {"value": rss[-1] / 2**20, "unit": "MiB", "at_env_steps": int(steps[-1])},
-        "RSS growth over the last half": {"value": 100 * growth, "unit": "%", "flat_below": 100 * FLAT, "flat": bool(growth < FLAT)},
+        "RSS growth over the last half": {
+            "value": 100 * growth,
+            "unit": "%",
+            "flat_below": 100 * FLAT,
+            "flat": bool(growth < FLAT),
+        },
         "replay storage": {"value": replay / 2**20, "unit": "MiB", "per_transition_bytes": replay / BUFFER_SIZE},
     }
     for name, cost in costs.items():

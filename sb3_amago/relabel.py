@@ -124,6 +124,9 @@ class HindsightRelabeler(abc.ABC):
         self.strategy = strategy
         self.reward_key = reward_key
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(strategy={self.strategy!r})"
+
     @abc.abstractmethod
     def check(self, observation_space: spaces.Space) -> None:
         """Raise a ValueError if the observation space lacks what the relabeler needs."""

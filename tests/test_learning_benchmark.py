@@ -24,6 +24,7 @@ def make_rows(task: str, algo: str, seed: int, budget: int, scores: list[float],
             "mean_return": 2 * score - 1,
             "std_return": 0.0,
             "score": score,
+            "trial_returns": "",
             "final": int(finished and i == len(scores) - 1),
         }
         for i, score in enumerate(scores)
@@ -113,3 +114,49 @@ def test_write_report_files(tmp_path: Path) -> None:
     figures = json.loads((tmp_path / "learning_quick.json").read_text())["figures"]
     assert figures["TMaze100 AMAGO env steps to 0.9"] == {"value": 100, "unit": "env steps (mean over seeds)"}
     assert (tmp_path / "learning_quick_TMaze100.png").stat().st_size > 0
+
+
+def test_rows_written_before_the_trial_returns_column_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "old.csv"
+    old_fields = [field for field in learning.FIELDS if field != "trial_returns"]
+    path.write_text(",".join(old_fields) + "\nRepeatFirstEasy,amago,0,300,0,0.0,-1.0,0.0,0.25,1\n")
+    (row,) = learning.read_rows(path)
+    assert row["trial_returns"] == "" and row["score"] == 0.25 and row["final"] == 1
+
+
+def test_each_task_runs_its_own_algorithms() -> None:
+    config = learning.parse_config(["--tasks", "RepeatPreviousEasy", "MazeRunner7", "--seeds", "0"])
+    pairs = {(key.task, key.algo) for key in config.run_keys()}
+    assert pairs == {
+        *(("RepeatPreviousEasy", algo) for algo in ("amago", "ppo_lstm", "memoryless", "amago_gru", "amago_ff")),
+        ("MazeRunner7", "amago"),
+        ("MazeRunner7", "amago_no_relabel"),
+    }
+
+
+def test_amago_variants_change_only_their_part_of_the_entry() -> None:
+    maze = learning.TASKS["MazeRunner7"]
+    some = learning.run_settings(maze, "amago", maze.budget).kwargs
+    none = learning.run_settings(maze, "amago_no_relabel", maze.budget).kwargs
+    assert (some["relabeler"].strategy, none["relabeler"].strategy) == ("some", "none")
+    assert {k: str(v) for k, v in some.items() if k != "relabeler"} == {k: str(v) for k, v in none.items() if k != "relabeler"}
+    tmaze = learning.TASKS["TMaze100"]
+    gru = learning.run_settings(tmaze, "amago_gru", tmaze.budget).kwargs["policy_kwargs"]
+    transformer = learning.run_settings(tmaze, "amago", tmaze.budget).kwargs["policy_kwargs"]
+    assert gru["traj_encoder"] == "gru" and gru["traj_encoder_kwargs"] == {}
+    assert transformer["traj_encoder_kwargs"] == learning.SMALL_TRANSFORMER
+    assert gru["timestep_encoder_kwargs"] == transformer["timestep_encoder_kwargs"]
+
+
+def test_meta_rl_score_and_the_return_of_each_trial(tmp_path: Path) -> None:
+    task = learning.TASKS["DarkKeyToDoor5"]
+    per_trial = np.array([[0.0, 1.0, 2.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0, 1.0]])  # (episodes, trials)
+    assert task.score([], [], per_trial) == pytest.approx(per_trial.mean() / 2.0)
+    config = learning.parse_config(["--tasks", "DarkKeyToDoor5", "--algos", "amago", "--out-dir", str(tmp_path)])
+    for seed, trials in enumerate(("0.0;1.0;2.0;2.0;2.0", "1.0;1.0;2.0;2.0;1.0", "0.5;1.0;2.0;2.0;1.5")):
+        for row in make_rows("DarkKeyToDoor5", "amago", seed, task.budget, [0.1, 0.7]):
+            learning.append_row(config.csv_path, {**row, "trial_returns": trials if row["final"] else ""})
+    (summary,) = learning.summarize(learning.read_rows(config.csv_path), config)
+    assert summary.final_trials.tolist() == pytest.approx([0.5, 1.0, 2.0, 2.0, 1.5])
+    table = learning.trials_table([summary])
+    assert "| DarkKeyToDoor5 | AMAGO | 3 | 0.50 | 1.00 | 2.00 | 2.00 | 1.50 | +1.00 |" in table

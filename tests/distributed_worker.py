@@ -1,8 +1,9 @@
 """One rank of the data-parallel tests in test_distributed.py, launched by torchrun or by the test
 with torchrun's environment variables; ``python distributed_worker.py SCENARIO OUT_DIR``.
 
-- ``identical``: AMAGO learns with updates on each rank's own envs; each rank saves its
-  parameters and the rewards in its replay.
+- ``identical``: AMAGO learns with updates on each rank's own envs, saves, resumes from rank 0's
+  file on both ranks under a callback that stops it; each rank saves its parameters (after
+  learning and after resuming) and the rewards in its replay.
 - ``equivalent``: one fixed batch of 2B windows; the data-parallel model updates on half of it per
   rank, a one-process model on all of it; rank 0 saves both results.
 - ``failing``: rank 1's env raises part-way through collection.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch as th
 import torch.distributed as dist
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv
 from test_amago import TINY, CountingEnv
 
@@ -62,14 +64,35 @@ def flat_state(m: AMAGO) -> th.Tensor:
     return th.cat([t.detach().float().reshape(-1) for t in m.policy.state_dict().values()])
 
 
+class StopAfter(BaseCallback):
+    """Marks the rank it runs on (a file in ``out``), and stops training at its ``calls``-th step."""
+
+    def __init__(self, out: Path, calls: int) -> None:
+        super().__init__()
+        self.out, self.calls = out, calls
+
+    def _on_step(self) -> bool:
+        (self.out / f"callback_ran_on_rank{dist.get_rank()}").touch()
+        return self.n_calls < self.calls
+
+
 def identical(out: Path) -> None:
     m = model(counting_envs(), distributed=True, mixed_precision=True)
-    m.learn(16 + 2 * 4 * K_UPDATES)
     rank = dist.get_rank()
-    th.save(
-        {"state": flat_state(m), "n_updates": m._n_updates, "rewards": th.as_tensor(m.replay_buffer.rewards[:32])},
-        out / f"rank{rank}.pt",
-    )
+    m.learn(16 + 2 * 4 * K_UPDATES)
+    m.save(out / f"saved_by_rank{rank}.zip")
+    dist.barrier()
+    # Resumed on two ranks; rank 0's callback stops both in the third round, after two more updates.
+    resumed = AMAGO.load(out / "saved_by_rank0.zip", env=counting_envs(), distributed=True)
+    resumed.learn(1000, callback=StopAfter(out, calls=10), reset_num_timesteps=False)
+    saved = {
+        "state": flat_state(m),
+        "n_updates": m._n_updates,
+        "rewards": th.as_tensor(m.replay_buffer.rewards[:32]),
+        "resumed_state": flat_state(resumed),
+        "resumed_n_updates": resumed._n_updates,
+    }
+    th.save(saved, out / f"rank{rank}.pt")
 
 
 def equivalent(out: Path) -> None:
@@ -80,8 +103,8 @@ def equivalent(out: Path) -> None:
     rank = int(os.environ["RANK"])
     halves = [type(batch)(*(_rows(x, r) for x in batch)) for r in range(2)]
 
-    parallel = model(counting_envs(), distributed=True, learning_starts=10**6)
-    parallel.learn(16)  # sets up the logger and collection; no updates
+    parallel = model(counting_envs(), distributed=True, learning_starts=10**6, verbose=1)
+    parallel.learn(48)  # sets up the logger (printing on rank 0 only) and collection; no updates
     initial = flat_state(reference)
     assert th.equal(flat_state(parallel), initial), "the ranks should start from the one-process initialisation"
     parallel.replay_buffer.sample = lambda *args, **kwargs: halves[rank]

@@ -1,6 +1,7 @@
 """Data-parallel AMAGO on two CPU processes (gloo), each a run of distributed_worker.py: identical
-parameters across ranks, the same update as one process on the union of the batches, a failing
-rank stopping every rank; and collection with SB3's SubprocVecEnv."""
+parameters across ranks (after learning and after resuming), saving, logging and callbacks on
+rank 0 only, the same update as one process on the union of the batches, a failing rank stopping
+every rank; and collection with SB3's SubprocVecEnv."""
 
 import os
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch as th
 import torch.distributed as dist
+from distributed_worker import flat_state
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from test_amago import CountingEnv, tiny_model
 
@@ -64,11 +66,18 @@ def test_ranks_launched_by_torchrun_hold_bit_identical_parameters(tmp_path: Path
     assert ranks[0]["n_updates"] == ranks[1]["n_updates"] == 3
     assert not th.equal(ranks[0]["rewards"], ranks[1]["rewards"]), "each rank should collect its own data"
     assert th.equal(ranks[0]["state"], ranks[1]["state"])
+    assert not (tmp_path / "saved_by_rank1.zip").exists(), "only rank 0 saves"
+    assert th.equal(flat_state(AMAGO.load(tmp_path / "saved_by_rank0.zip")), ranks[0]["state"])
+    assert [p.name for p in tmp_path.glob("callback_ran_on_rank*")] == ["callback_ran_on_rank0"]
+    assert ranks[0]["resumed_n_updates"] == ranks[1]["resumed_n_updates"] == 5, "rank 0's callback stops both ranks"
+    assert th.equal(ranks[0]["resumed_state"], ranks[1]["resumed_state"])
+    assert not th.equal(ranks[0]["resumed_state"], ranks[0]["state"])
 
 
 def test_two_ranks_update_as_one_process_on_both_batches(tmp_path: Path) -> None:
     results = _run_ranks("equivalent", tmp_path)
     assert [rc for rc, _ in results] == [0, 0], "\n".join(output for _, output in results)
+    assert "total_timesteps" in results[0][1] and "total_timesteps" not in results[1][1], "only rank 0 logs"
     saved = th.load(tmp_path / "rank0.pt")
     counts = saved["valid_counts"]
     assert counts[0] != counts[1], "the halves should hold different numbers of real steps"

@@ -4,6 +4,7 @@ with torchrun's environment variables; ``python distributed_worker.py SCENARIO O
 - ``identical``: AMAGO learns with updates on each rank's own envs, saves, resumes from rank 0's
   file on both ranks under a callback that stops it; each rank saves its parameters (after
   learning and after resuming) and the rewards in its replay.
+- ``compiled``: the same learning with the compiled sequence model and bf16 autocast.
 - ``equivalent``: one fixed batch of 2B windows; the data-parallel model updates on half of it per
   rank, a one-process model on all of it; rank 0 saves both results.
 - ``failing``: rank 1's env raises part-way through collection.
@@ -95,6 +96,12 @@ def identical(out: Path) -> None:
     th.save(saved, out / f"rank{rank}.pt")
 
 
+def compiled(out: Path) -> None:
+    m = model(counting_envs(), distributed=True, mixed_precision=True, compile_model=True)
+    m.learn(16 + 2 * 4 * K_UPDATES)
+    th.save({"state": flat_state(m), "n_updates": m._n_updates}, out / f"rank{dist.get_rank()}.pt")
+
+
 def equivalent(out: Path) -> None:
     reference = model(counting_envs(), learning_starts=10**6)
     reference.learn(64)  # fills the replay the same way on both ranks, without updates
@@ -133,4 +140,4 @@ def failing(_out: Path) -> None:
 
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
-    {"identical": identical, "equivalent": equivalent, "failing": failing}[scenario](out_dir)
+    {"identical": identical, "compiled": compiled, "equivalent": equivalent, "failing": failing}[scenario](out_dir)

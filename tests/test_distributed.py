@@ -74,6 +74,15 @@ def test_ranks_launched_by_torchrun_hold_bit_identical_parameters(tmp_path: Path
     assert not th.equal(ranks[0]["resumed_state"], ranks[0]["state"])
 
 
+@pytest.mark.slow
+def test_compiled_sequence_model_keeps_ranks_bit_identical(tmp_path: Path) -> None:
+    results = _run_ranks("compiled", tmp_path)
+    assert [rc for rc, _ in results] == [0, 0], "\n".join(output for _, output in results)
+    ranks = [th.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["n_updates"] == ranks[1]["n_updates"] == 3
+    assert th.equal(ranks[0]["state"], ranks[1]["state"])
+
+
 def test_two_ranks_update_as_one_process_on_both_batches(tmp_path: Path) -> None:
     results = _run_ranks("equivalent", tmp_path)
     assert [rc for rc, _ in results] == [0, 0], "\n".join(output for _, output in results)

@@ -68,8 +68,9 @@ class AMAGO(OffPolicyAlgorithm):
     :param mixed_precision: bf16 autocast in training
     :param compile_model: ``torch.compile`` the training forward of the sequence model
     :param distributed: data-parallel training over ``torch.distributed`` (launch with ``torchrun``;
-        see :mod:`sb3_amago.distributed`): every rank collects into its own replay, gradients and
-        PopArt statistics are summed across ranks, only rank 0 logs, runs callbacks and saves
+        see :mod:`sb3_amago.distributed`): every rank collects into its own replay, gradients,
+        PopArt and observation statistics are summed across ranks, only rank 0 logs, runs
+        callbacks and saves
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {

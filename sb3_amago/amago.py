@@ -19,13 +19,15 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
+from sb3_amago.distributed import DataParallel
 from sb3_amago.loss import LossConfig, amago_loss
 from sb3_amago.nets.heads import action_nvec
 from sb3_amago.policies import AmagoState, TransformerPolicy
@@ -67,6 +69,10 @@ class AMAGO(OffPolicyAlgorithm):
     :param relabeler: a :class:`sb3_amago.relabel.Relabeler` (hindsight instruction relabeling)
     :param mixed_precision: bf16 autocast in training
     :param compile_model: ``torch.compile`` the training forward of the sequence model
+    :param distributed: data-parallel training over ``torch.distributed`` (launch with ``torchrun``;
+        see :mod:`sb3_amago.distributed`): every rank collects into its own replay, gradients,
+        PopArt and observation statistics are summed across ranks, only rank 0 logs, runs
+        callbacks and saves
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -112,6 +118,7 @@ class AMAGO(OffPolicyAlgorithm):
         relabeler: Any = None,
         mixed_precision: bool = False,
         compile_model: bool = False,
+        distributed: bool = False,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -180,6 +187,8 @@ class AMAGO(OffPolicyAlgorithm):
         self.relabeler = relabeler
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model
+        self.distributed = distributed
+        self._dist: DataParallel | None = None
         self._collect_state: AmagoState | None = None
         self._explore_scale: np.ndarray | None = None
         if _init_setup_model:
@@ -223,6 +232,7 @@ class AMAGO(OffPolicyAlgorithm):
 
     def _setup_model(self) -> None:
         check_observation_space(self.observation_space)
+        self._setup_data_parallel()
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
         if self.relabeler is not None:
@@ -251,6 +261,37 @@ class AMAGO(OffPolicyAlgorithm):
         ).to(self.device)
         self._encode = th.compile(self.policy.encode, dynamic=True) if self.compile_model else self.policy.encode
         self._convert_train_freq()
+        if self._dist is not None:
+            self._dist.attach(self.policy)
+            assert isinstance(self.train_freq, TrainFreq)
+            if self.train_freq.unit != TrainFrequencyUnit.STEP:
+                raise ValueError(
+                    f"distributed=True needs train_freq in steps, got {self.train_freq}: ranks collecting whole episodes "
+                    "would collect different numbers of steps and fall out of step. Use e.g. train_freq=(4, 'step')."
+                )
+            self._dist.check_same(
+                n_envs=self.n_envs,
+                train_freq=self.train_freq.frequency,
+                gradient_steps=self.gradient_steps,
+                learning_starts=self.learning_starts,
+            )
+
+    def _setup_data_parallel(self) -> None:
+        """With ``distributed``: join the process group, take this rank's device, and silence the
+        logger on ranks other than 0."""
+        self._dist = DataParallel(self.device) if self.distributed else None
+        if self._dist is None:
+            return
+        self.device = self._dist.device
+        if not self._dist.is_main:
+            self.set_logger(Logger(folder=None, output_formats=[]))
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """SB3's seeding; with ``distributed``, each rank uses its own seed (see
+        :meth:`sb3_amago.distributed.DataParallel.rank_seed`)."""
+        if self._dist is not None:
+            seed = self._dist.rank_seed(seed, self.n_envs)
+        super().set_random_seed(seed)
 
     # ----------------------------------------------------------------------------------------
     # Collection
@@ -377,6 +418,25 @@ class AMAGO(OffPolicyAlgorithm):
             self._collect_state = self.policy.reset_state(self._collect_state, dones)
             self._explore_scale[dones] = np.random.uniform(0.0, 1.0, size=int(np.sum(dones)))
 
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        """SB3's callback setup; with ``distributed``, callbacks and the progress bar run on rank 0 only."""
+        if self._dist is not None and not self._dist.is_main:
+            callback, progress_bar = None, False
+        return super()._init_callback(callback, progress_bar)
+
+    def collect_rollouts(self, *args: Any, **kwargs: Any) -> RolloutReturn:
+        """SB3's collection round; with ``distributed``, every rank then learns whether another
+        rank's collection failed (and raises) or its callbacks asked to stop (and stops too)."""
+        if self._dist is None:
+            return super().collect_rollouts(*args, **kwargs)
+        try:
+            rollout = super().collect_rollouts(*args, **kwargs)
+        except Exception:
+            self._dist.end_round(failed=True)
+            raise
+        stop = self._dist.end_round(stop=not rollout.continue_training)
+        return rollout._replace(continue_training=not stop)
+
     # ----------------------------------------------------------------------------------------
     # Training
     # ----------------------------------------------------------------------------------------
@@ -399,6 +459,8 @@ class AMAGO(OffPolicyAlgorithm):
                 loss, stats = amago_loss(self.policy, batch, loss_config, encode=self._encode)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if self._dist is not None:
+                self._dist.average_gradients(params, n_valid=batch.mask[:, 1:].sum())
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             optimizer.step()
             self.policy.update_targets(self.tau)
@@ -425,7 +487,7 @@ class AMAGO(OffPolicyAlgorithm):
     # Save / load
     # ----------------------------------------------------------------------------------------
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode"]
+        return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode", "distributed", "_dist"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
@@ -471,7 +533,10 @@ class AMAGO(OffPolicyAlgorithm):
         """SB3's save, plus the optimizer state and :meth:`run_state` (in the file's data, where SB3
         keeps ``_last_obs``, which the collection context must match), so that :meth:`load`
         resumes the run exactly. Written to a temporary file first and moved into place, so an
-        error while saving never leaves a half-written file over an earlier save."""
+        error while saving never leaves a half-written file over an earlier save. With
+        ``distributed``, only rank 0 writes (every rank holds the same weights)."""
+        if self._dist is not None and not self._dist.is_main:
+            return
         self._run_state = self.run_state()
         try:
             if not isinstance(path, (str, pathlib.Path)):
@@ -564,6 +629,8 @@ class AMAGO(OffPolicyAlgorithm):
         run_state = model.__dict__.pop("_run_state", None)
         if run_state is not None:
             model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model
+        if model._dist is not None:
+            model.set_random_seed(model.seed)  # the file's RNG states are rank 0's: each rank takes its own again
         return model
 
 

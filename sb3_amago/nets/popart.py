@@ -1,5 +1,7 @@
 """PopArt: per-gamma value normalisation that preserves outputs while its statistics move."""
 
+from collections.abc import Callable
+
 import torch as th
 from torch import nn
 
@@ -37,6 +39,8 @@ class PopArt(nn.Module):
         self.register_buffer("nu", th.full((n_gammas,), init_nu))
         # Number of updates so far, stored as a float so every state_dict entry is floating.
         self.register_buffer("n_updates", th.zeros(()))
+        # Sums statistics over data-parallel ranks (set by sb3_amago.distributed; None in one process).
+        self.reduce_moments: Callable[[th.Tensor], th.Tensor] | None = None
 
     @property
     def sigma(self) -> th.Tensor:
@@ -57,18 +61,23 @@ class PopArt(nn.Module):
 
     @th.no_grad()
     def update_stats(self, target: th.Tensor, mask: th.Tensor) -> None:
-        """Move the statistics towards the masked targets, keeping outputs unchanged.
+        """Move the statistics towards the masked targets, keeping outputs unchanged. With
+        :attr:`reduce_moments` set, the count and sums ``(1 + 2G,)`` are summed over the
+        data-parallel ranks first, so that every rank moves by all ranks' targets.
 
         :param target: ``(..., G)`` TD targets
         :param mask: ``(...)`` bool, which targets count
         """
         weights = mask.to(target.dtype).unsqueeze(-1)  # (..., 1)
-        count = weights.sum()
+        dims = tuple(range(target.ndim - 1))
+        moments = th.cat([weights.sum().reshape(1), (target * weights).sum(dims), (target**2 * weights).sum(dims)])
+        if self.reduce_moments is not None:
+            moments = self.reduce_moments(moments)
+        count, total, total_sq = moments.split([1, self.mu.numel(), self.mu.numel()])
         if count == 0:
             return
-        dims = tuple(range(target.ndim - 1))
-        mean = (target * weights).sum(dims) / count  # (G,)
-        mean_sq = (target**2 * weights).sum(dims) / count  # (G,)
+        mean = total / count  # (G,)
+        mean_sq = total_sq / count  # (G,)
         self.n_updates += 1
         # Bias correction in float64: in float32, 1 - (1 - beta) loses the digits that matter.
         rate = self.beta / (1.0 - (1.0 - self.beta) ** float(self.n_updates)) if self.bias_correction else self.beta

@@ -51,14 +51,26 @@ class RunningNorm(nn.Module):
         self.register_buffer("mean", th.zeros(shape))
         self.register_buffer("var", th.ones(shape))
         self.register_buffer("debias", th.zeros(()))
+        # Sums statistics over data-parallel ranks (set by sb3_amago.distributed; None in one process).
+        self.reduce_moments: Callable[[th.Tensor], th.Tensor] | None = None
 
     @th.no_grad()
     def update(self, x: th.Tensor, real: th.Tensor) -> None:
-        """:param x: ``(N, *shape)`` in the buffers' dtype; ``real``: ``(N,)`` bool, rows to learn from"""
+        """With :attr:`reduce_moments` set, the batch statistics are those of all ranks' rows (the
+        count and sum, then the squared deviations from their mean, are summed over the ranks).
+
+        :param x: ``(N, *shape)`` in the buffers' dtype; ``real``: ``(N,)`` bool, rows to learn from
+        """
         weight = real.to(x.dtype).view(-1, *([1] * (x.dim() - 1)))  # (N, 1, ...)
-        n_real = weight.sum()
-        batch_mean = (x * weight).sum(0) / n_real.clamp(min=1)
-        batch_var = ((x - batch_mean) ** 2 * weight).sum(0) / n_real.clamp(min=1)
+        n_real, total = weight.sum(), (x * weight).sum(0)
+        if self.reduce_moments is not None:
+            summed = self.reduce_moments(th.cat([n_real.reshape(1), total.reshape(-1)]))
+            n_real, total = summed[0], summed[1:].view_as(total)
+        batch_mean = total / n_real.clamp(min=1)
+        squares = ((x - batch_mean) ** 2 * weight).sum(0)
+        if self.reduce_moments is not None:
+            squares = self.reduce_moments(squares)
+        batch_var = squares / n_real.clamp(min=1)
         has_real = (n_real > 0).to(x.dtype)
         self.debias.add_(has_real * self.rate * (1.0 - self.debias))
         step = has_real * self.rate / self.debias.clamp(min=self.rate)

@@ -9,6 +9,8 @@ sampling in one training step at batch 24 x window 1,024.
 
     python benchmarks/bench_updates.py --threads 2            # full run, writes benchmarks/results/updates.*
     python benchmarks/bench_updates.py --threads 2 --quick    # a smoke run into updates_quick.*
+    python benchmarks/bench_updates.py --device cuda          # on a GPU, also L = 1,024 and the compiled
+                                                              # sequence model: updates_cuda.*
 """
 
 import argparse
@@ -24,7 +26,26 @@ from stable_baselines3.common.env_util import make_vec_env
 from sb3_amago import AMAGO
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.
-MULTIGAMMAS = (0.5, 0.7, 0.8, 0.9, 0.93, 0.95, 0.98, 0.99, 0.992, 0.994, 0.995, 0.997, 0.998, 0.9991, 0.9992, 0.9993, 0.9994, 0.9995)
+MULTIGAMMAS = (
+    0.5,
+    0.7,
+    0.8,
+    0.9,
+    0.93,
+    0.95,
+    0.98,
+    0.99,
+    0.992,
+    0.994,
+    0.995,
+    0.997,
+    0.998,
+    0.9991,
+    0.9992,
+    0.9993,
+    0.9994,
+    0.9995,
+)
 REFERENCE_UPDATES_PER_S = {64: 9.6, 256: 2.8}
 
 
@@ -46,7 +67,7 @@ class LongEpisodeEnv(gym.Env):
         return self.observation_space.sample(), float(self.np_random.random() < 0.1), False, self.t >= 2_000, {}
 
 
-def make_model(n_envs: int, max_seq_len: int, buffer_size: int) -> AMAGO:
+def make_model(n_envs: int, max_seq_len: int, buffer_size: int, device: str = "cpu", compile_model: bool = False) -> AMAGO:
     env = make_vec_env(LongEpisodeEnv, n_envs=n_envs, seed=0)
     return AMAGO(
         "TransformerPolicy",
@@ -57,17 +78,24 @@ def make_model(n_envs: int, max_seq_len: int, buffer_size: int) -> AMAGO:
         learning_starts=10**9,  # collection only acts; updates are timed separately
         batch_size=8,
         seed=0,
+        device=device,
+        compile_model=compile_model,
         policy_kwargs={"traj_encoder_kwargs": {"d_model": 128, "n_heads": 8, "d_ff": 512, "n_layers": 3}, "d_embed": 128},
     )
 
 
-def updates_per_second(max_seq_len: int, n_updates: int, mixed_precision: bool = False) -> float:
-    model = make_model(n_envs=4, max_seq_len=max_seq_len, buffer_size=50_000)
+def updates_per_second(
+    max_seq_len: int, n_updates: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False
+) -> float:
+    model = make_model(4, max_seq_len, 50_000, device, compile_model)
     model.mixed_precision = mixed_precision
     model.learn(4 * (max_seq_len + 64))
-    model.train(gradient_steps=2, batch_size=8)  # warm-up
+    model.train(gradient_steps=3, batch_size=8)  # warm-up (and compilation)
+    synchronize = th.cuda.synchronize if model.device.type == "cuda" else lambda: None
+    synchronize()
     start = time.perf_counter()
     model.train(gradient_steps=n_updates, batch_size=8)
+    synchronize()
     return n_updates / (time.perf_counter() - start)
 
 
@@ -105,8 +133,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
+    if args.device != "cpu":
+        gpu_figures(args.threads, n=5 if args.quick else 50)
+        return
     n = 3 if args.quick else 20
     figures: dict[str, dict] = {}
     for length in (64, 256):
@@ -126,7 +158,11 @@ def main() -> None:
     figures["predict_latency_16_envs"] = {"value": coll["predict_ms_16_envs_median"], "unit": "ms per call (median)"}
     print(coll)
     share = sampling_share(window=64 if args.quick else 1024, n_updates=2 if args.quick else 5)
-    figures["replay_sampling_share_B24_W1024"] = {"value": share["sampling_share"], "unit": "fraction of one training step", **share}
+    figures["replay_sampling_share_B24_W1024"] = {
+        "value": share["sampling_share"],
+        "unit": "fraction of one training step",
+        **share,
+    }
     print(share)
     config = {
         "batch_size": 8,
@@ -141,6 +177,28 @@ def main() -> None:
         "quick": args.quick,
     }
     write_results("updates_quick" if args.quick else "updates", config, figures)
+
+
+def gpu_figures(threads: int, n: int) -> None:
+    """Updates per second on the GPU at L = 64, 256 and 1,024 in fp32 and bf16 autocast, and at L = 256
+    with the compiled sequence model too (``updates_cuda.*``)."""
+    figures: dict[str, dict] = {}
+    modes = {"fp32": (False, False), "bf16": (True, False), "bf16_compiled": (True, True)}
+    for length, label in [
+        (64, "fp32"),
+        (64, "bf16"),
+        (256, "fp32"),
+        (256, "bf16"),
+        (256, "bf16_compiled"),
+        (1024, "fp32"),
+        (1024, "bf16"),
+    ]:
+        bf16, compiled = modes[label]
+        ups = updates_per_second(length, n, mixed_precision=bf16, device="cuda", compile_model=compiled)
+        figures[f"updates_per_s_L{length}_{label}"] = {"value": ups, "unit": "updates/s"}
+        print(f"L={length} {label}: {ups:.2f} updates/s", flush=True)
+    config = {"batch_size": 8, "d_model": 128, "n_layers": 3, "n_heads": 8, "n_gammas": len(MULTIGAMMAS) + 1}
+    write_results("updates_cuda", {**config, "device": th.cuda.get_device_name(), "threads": threads}, figures)
 
 
 if __name__ == "__main__":

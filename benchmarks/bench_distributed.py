@@ -23,12 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import torch as th
 import torch.distributed as dist
+from bench_updates import LongEpisodeEnv
 from common import write_results
-from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_amago import AMAGO
@@ -36,24 +34,6 @@ from sb3_amago import AMAGO
 BATCH = 8
 N_ENVS = 8
 MAX_SEQ_LEN = 64
-
-
-class RandomEnv(gym.Env):
-    """16 float features, 4 actions, random rewards, 500-step episodes."""
-
-    def __init__(self) -> None:
-        self.observation_space = spaces.Box(-1.0, 1.0, shape=(16,), dtype=np.float32)
-        self.action_space = spaces.Discrete(4)
-        self.t = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self.observation_space.sample(), float(self.np_random.random() < 0.1), False, self.t >= 500, {}
 
 
 def slowest(seconds: float) -> float:
@@ -71,7 +51,7 @@ def worker(args: argparse.Namespace) -> None:
         dist.init_process_group(args.backend)
     model = AMAGO(
         "TransformerPolicy",
-        make_vec_env(RandomEnv, n_envs=N_ENVS, seed=0),
+        make_vec_env(LongEpisodeEnv, n_envs=N_ENVS, seed=0),
         max_seq_len=MAX_SEQ_LEN,
         batch_size=BATCH,
         learning_starts=10**9,  # learn() only collects; updates are timed with train()

@@ -24,6 +24,7 @@ def make_rows(task: str, algo: str, seed: int, budget: int, scores: list[float],
             "mean_return": 2 * score - 1,
             "std_return": 0.0,
             "score": score,
+            "trial_returns": "",
             "final": int(finished and i == len(scores) - 1),
         }
         for i, score in enumerate(scores)

@@ -24,8 +24,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
-from sb3_amago.loss import LossConfig, amago_loss
-from sb3_amago.nets.heads import action_nvec
+from sb3_amago.loss import LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.wrappers import PREV_REWARD_KEY, FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
@@ -302,12 +301,7 @@ class AMAGO(OffPolicyAlgorithm):
         if self.rollout_exploration_horizon:
             t = state.time_idx.to(action.dtype) / self.rollout_exploration_horizon
             eps = eps * (1.0 - 0.95 * t.clamp(max=1.0))
-        eps = eps.unsqueeze(-1)
-        if isinstance(self.action_space, spaces.Box):
-            return (action + eps * th.randn_like(action)).clamp(-1.0, 1.0)
-        high = th.as_tensor(action_nvec(self.action_space), dtype=action.dtype, device=action.device)
-        random_action = th.floor(th.rand_like(action) * high)
-        return th.where(th.rand_like(action) < eps, random_action, action)
+        return self.policy.action_type.explore(action, eps.unsqueeze(-1))
 
     def _sample_action(
         self, learning_starts: int, action_noise: Any = None, n_envs: int = 1
@@ -329,11 +323,7 @@ class AMAGO(OffPolicyAlgorithm):
 
     def _to_buffer_action(self, env_action: np.ndarray) -> th.Tensor:
         """Env-format actions -> the buffer representation ``(N, d)`` float tensor."""
-        if isinstance(self.action_space, spaces.Box):
-            action = self.policy.scale_action(env_action)
-        else:
-            action = env_action
-        return th.as_tensor(np.asarray(action, dtype=np.float32).reshape(len(env_action), -1), device=self.device)
+        return th.as_tensor(self.policy.action_type.to_buffer(env_action), device=self.device)
 
     def _store_transition(
         self,
@@ -374,7 +364,10 @@ class AMAGO(OffPolicyAlgorithm):
                 group["lr"] = self.lr_schedule(self._current_progress_remaining) * warmup
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             with autocast:
-                loss, stats = amago_loss(self.policy, batch, loss_config, encode=self._encode)
+                states = self._encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
+                target = target_values(self.policy, batch, states, loss_config)  # (B, L, G)
+                self.policy.popart.update_stats(target, batch.real[:, 1:])
+                loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)

@@ -63,7 +63,7 @@ class _Windows:
     terminated: np.ndarray
     truncated: np.ndarray
     time_idx: np.ndarray
-    mask: np.ndarray
+    real: np.ndarray
 
 
 class TrajectoryReplayBuffer(ReplayBuffer):
@@ -420,7 +420,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             terminated=(done & ~timeout).astype(np.float32),
             truncated=(done & timeout).astype(np.float32),
             time_idx=time_idx,
-            mask=steps[None, 1:] < length[:, None],
+            real=steps[None, 1:] < length[:, None],
         )
 
     def _read_rollout(self, col: int, first_row: int, n_obs: int, keys: list[str]) -> Rollout:
@@ -511,7 +511,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             else:
                 observations = {_SINGLE_KEY: self._normalize_obs(observations[_SINGLE_KEY], env)}
         rewards = self._normalize_reward(windows.rewards, env)
-        padding = ~windows.mask
+        padding = ~windows.real
         arrays = [
             *observations.values(),
             windows.actions,
@@ -536,5 +536,5 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             terminated=to_device(windows.terminated),
             truncated=to_device(windows.truncated),
             time_idx=to_device(windows.time_idx),
-            mask=to_device(windows.mask),
+            real=to_device(windows.real),
         )

@@ -14,11 +14,12 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
+from sb3_amago.distributions import ActorOutput, make_action_type
 from sb3_amago.nets import make_traj_encoder
-from sb3_amago.nets.heads import ActorHead, CriticEnsemble, action_nvec
+from sb3_amago.nets.heads import ActorHead
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
@@ -96,6 +97,7 @@ class TransformerPolicy(BasePolicy):
             optimizer_kwargs = {"weight_decay": 1e-3, "foreach": True}
         if features_extractor_class is None:
             features_extractor_kwargs = default_extractor_kwargs(features_extractor_kwargs or {})
+        action_type = make_action_type(action_space)
         super().__init__(
             observation_space,
             action_space,
@@ -104,8 +106,9 @@ class TransformerPolicy(BasePolicy):
             optimizer_class=optimizer_class,
             optimizer_kwargs=optimizer_kwargs,
             normalize_images=normalize_images,
-            squash_output=isinstance(action_space, spaces.Box),
+            squash_output=action_type.squash_output,
         )
+        self.action_type = action_type
         self.gammas = tuple(float(g) for g in gammas)
         self.max_seq_len = max_seq_len
         self.n_critics = n_critics
@@ -115,7 +118,6 @@ class TransformerPolicy(BasePolicy):
         self.timestep_encoder_kwargs = dict(timestep_encoder_kwargs or {})
         self.actor_hidden, self.critic_hidden = head_sizes(net_arch, actor_hidden, critic_hidden)
         self.popart_kwargs = dict(popart_kwargs or {})
-        self.buffer_action_dim = get_action_dim(action_space)
         self._check_position_table()
         self._build(lr_schedule)
 
@@ -147,8 +149,8 @@ class TransformerPolicy(BasePolicy):
         )
         state_dim = self.traj_encoder.out_dim
         n_gammas = len(self.gammas)
-        self.actor = ActorHead(state_dim, self.action_space, n_gammas, self.actor_hidden)
-        self.critics = CriticEnsemble(state_dim, self.action_space, th.tensor(self.gammas), self.n_critics, self.critic_hidden)
+        self.actor = ActorHead(state_dim, self.action_type, n_gammas, self.actor_hidden)
+        self.critics = self.action_type.make_critics(state_dim, th.tensor(self.gammas), self.n_critics, self.critic_hidden)
         self.popart = PopArt(n_gammas, **self.popart_kwargs)
         self.register_buffer("gamma_values", th.tensor(self.gammas, dtype=th.float32))
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
@@ -189,10 +191,10 @@ class TransformerPolicy(BasePolicy):
     # ----------------------------------------------------------------------------------------
     # Training-side forward
     # ----------------------------------------------------------------------------------------
-    def encode(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, mask: th.Tensor) -> th.Tensor:
+    def encode(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
         """Whole windows -> states ``(B, L, D)``: one pass of the shared sequence model."""
-        emb = self.timestep_encoder(obs, prev_actions, time_idx, mask)  # (B, L, d_embed)
-        return self.traj_encoder(emb, time_idx, mask)
+        emb = self.timestep_encoder(obs, prev_actions, time_idx, real)  # (B, L, d_embed)
+        return self.traj_encoder(emb, time_idx, real)
 
     # ----------------------------------------------------------------------------------------
     # Acting
@@ -201,7 +203,7 @@ class TransformerPolicy(BasePolicy):
         """A fresh context for ``n_envs`` envs (no step seen)."""
         return AmagoState(
             encoder_state=self.traj_encoder.init_state(n_envs, self.device),
-            prev_action=th.zeros(n_envs, self.buffer_action_dim, device=self.device),
+            prev_action=th.zeros(n_envs, self.action_type.action_dim, device=self.device),
             time_idx=th.zeros(n_envs, dtype=th.long, device=self.device),
         )
 
@@ -230,36 +232,19 @@ class TransformerPolicy(BasePolicy):
         seq_obs = {k: v.unsqueeze(1) for k, v in obs.items()} if isinstance(obs, dict) else obs.unsqueeze(1)
         emb = self.timestep_encoder(seq_obs, state.prev_action.unsqueeze(1), state.time_idx.unsqueeze(1), ones)
         hidden, encoder_state = self.traj_encoder.step(emb[:, 0], state.time_idx, state.encoder_state)
-        out = self.actor(hidden)
-        main = tuple(o[:, -1] for o in out) if isinstance(out, tuple) else out[:, -1]
-        return main, replace(state, encoder_state=encoder_state)
+        return self.action_type.select_gamma(self.actor(hidden), -1), replace(state, encoder_state=encoder_state)
 
     def commit_action(self, state: AmagoState, action: th.Tensor) -> AmagoState:
         """Record the action taken (buffer representation ``(N, action_dim)``) and move time on."""
         return replace(state, prev_action=action.to(state.prev_action.dtype), time_idx=state.time_idx + 1)
 
-    def select_action(self, actor_out: Any, deterministic: bool) -> th.Tensor:
+    def select_action(self, actor_out: ActorOutput, deterministic: bool) -> th.Tensor:
         """Actor output for one gamma -> actions in the buffer representation ``(N, action_dim)``."""
-        if isinstance(self.action_space, spaces.Box):
-            mean, log_std = actor_out
-            if deterministic:
-                return th.tanh(mean)
-            return th.tanh(mean + log_std.exp() * th.randn_like(mean))
-        picks = []
-        for probs in actor_out.split(action_nvec(self.action_space), dim=-1):
-            picks.append(probs.argmax(-1) if deterministic else th.multinomial(probs, 1).squeeze(-1))
-        return th.stack(picks, dim=-1).float()
+        return self.action_type.sample(actor_out, deterministic)
 
     def to_env_action(self, buffer_action: th.Tensor) -> np.ndarray:
         """Buffer representation -> what ``env.step`` takes: ``(N,)`` ints, ``(N, d)`` ints, or Box values."""
-        action = buffer_action.cpu().numpy()
-        if isinstance(self.action_space, spaces.Discrete):
-            return action[:, 0].astype(np.int64)
-        if isinstance(self.action_space, spaces.MultiDiscrete):
-            return action.astype(np.int64).reshape(-1, *self.action_space.shape)
-        assert isinstance(self.action_space, spaces.Box)
-        unscaled = self.unscale_action(action.astype(np.float64))
-        return unscaled.reshape(-1, *self.action_space.shape).astype(self.action_space.dtype)
+        return self.action_type.to_env(buffer_action.cpu().numpy())
 
     def prepare_observation(self, observation: Any) -> Any:
         """Accept observations as the user's env emits them: tuples and nested dicts are flattened

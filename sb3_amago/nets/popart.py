@@ -56,13 +56,13 @@ class PopArt(nn.Module):
         return (target - self.mu) / self.sigma
 
     @th.no_grad()
-    def update_stats(self, target: th.Tensor, mask: th.Tensor) -> None:
+    def update_stats(self, target: th.Tensor, real: th.Tensor) -> None:
         """Move the statistics towards the masked targets, keeping outputs unchanged.
 
         :param target: ``(..., G)`` TD targets
-        :param mask: ``(...)`` bool, which targets count
+        :param real: ``(...)`` bool, which targets count
         """
-        weights = mask.to(target.dtype).unsqueeze(-1)  # (..., 1)
+        weights = real.to(target.dtype).unsqueeze(-1)  # (..., 1)
         count = weights.sum()
         if count == 0:
             return

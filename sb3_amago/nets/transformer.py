@@ -142,7 +142,7 @@ class TransformerBlock(nn.Module):
         return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
     def step(
-        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor, rotary: Rotary
+        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, filled: th.Tensor, rotary: Rotary
     ) -> th.Tensor:
         """One new position per env, attending over a cache that it first writes into.
 
@@ -150,7 +150,7 @@ class TransformerBlock(nn.Module):
         :param keys: this layer's key cache ``(N, H, S, Dh)``, updated in place at ``slot``
         :param values: value cache, same shape
         :param slot: ``(N,)`` int64 cache slot of the new position
-        :param valid: ``(N, S')`` bool, the slots ``[:S']`` the new position attends to
+        :param filled: ``(N, S')`` bool, the slots ``[:S']`` the new position attends to
         :param rotary: rotary tables of the new position (keys are cached already rotated)
         :return: ``(N, D)``
         """
@@ -158,12 +158,12 @@ class TransformerBlock(nn.Module):
         q, k, v = self._qkv(x.unsqueeze(1), rotary)  # (N, H, 1, Dh)
         keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
         values[envs, :, slot] = v[:, :, 0].to(values.dtype)
-        width = valid.shape[1]
+        width = filled.shape[1]
         attn = F.scaled_dot_product_attention(
             q,
             keys[:, :, :width].to(q.dtype),
             values[:, :, :width].to(q.dtype),
-            attn_mask=valid[:, None, None, :],
+            attn_mask=filled[:, None, None, :],
         )  # (N, H, 1, Dh)
         return self._finish(x.unsqueeze(1), attn).squeeze(1)
 
@@ -259,15 +259,15 @@ class TransformerTrajEncoder(TrajEncoder):
             h = block(h, rotary)
         return self.out_norm(h)
 
-    def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
-        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` int64; ``pad_mask`` ``(B, L)`` bool
+    def forward(self, x: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
+        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` int64; ``real`` ``(B, L)`` bool
         :return: ``(B, L, d_model)``
         """
         length = x.shape[1]
         if length > self.max_seq_len:
             raise ValueError(f"Sequence length {length} exceeds max_seq_len={self.max_seq_len} of the Transformer encoder")
-        self._check_time(time_idx, pad_mask)
-        x = x.masked_fill(~pad_mask.unsqueeze(-1), 0.0)
+        self._check_time(time_idx, real)
+        x = x.masked_fill(~real.unsqueeze(-1), 0.0)
         return self._run_blocks(self._embed(x, time_idx), time_idx)
 
     def init_state(self, n_envs: int, device: th.device | str, dtype: th.dtype = th.float32) -> TransformerState:
@@ -298,11 +298,11 @@ class TransformerTrajEncoder(TrajEncoder):
         out = th.empty(n_envs, self.d_model, device=x.device, dtype=emb.dtype)
         if n_full < n_envs:
             width = min(max_count + 1, window)
-            valid = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
+            filled = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
             h = self.emb_dropout(emb)
             rotary = self._rotary(time_idx.unsqueeze(1))
             for layer, block in enumerate(self.blocks):
-                h = block.step(h, state.keys[layer], state.values[layer], slot, valid, rotary)
+                h = block.step(h, state.keys[layer], state.values[layer], slot, filled, rotary)
             out = self.out_norm(h)
         if n_full > 0:
             full_envs = full.nonzero().squeeze(1)  # (F,)

@@ -26,7 +26,8 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.loss import LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.wrappers import PREV_REWARD_KEY, FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
+from sb3_amago.keys import PREV_REWARD_KEY
+from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 

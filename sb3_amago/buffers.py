@@ -11,6 +11,7 @@ from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.vec_env import VecNormalize
 
+from sb3_amago.keys import OBS_KEY
 from sb3_amago.relabel import Relabeler, Rollout
 from sb3_amago.type_aliases import TrajectoryBatch
 from sb3_amago.wrappers import is_structured
@@ -20,8 +21,6 @@ try:
 except ImportError:  # pragma: no cover
     psutil = None
 
-# Storage key of a non-Dict observation.
-_SINGLE_KEY = "observation"
 # Version of the pickled layout (attributes and array meanings); a saved buffer records it and
 # AMAGO.load_replay_buffer refuses files of another version. Raise it when the layout changes.
 REPLAY_FORMAT_VERSION = 1
@@ -147,10 +146,10 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.sample_by_length = sample_by_length
         self.relabeler = relabeler
         self._obs_spaces: dict[str, spaces.Space] = (
-            dict(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else {_SINGLE_KEY: observation_space}
+            dict(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else {OBS_KEY: observation_space}
         )
         shapes = get_obs_shape(observation_space)
-        self._obs_shapes: dict[str, tuple[int, ...]] = shapes if isinstance(shapes, dict) else {_SINGLE_KEY: shapes}
+        self._obs_shapes: dict[str, tuple[int, ...]] = shapes if isinstance(shapes, dict) else {OBS_KEY: shapes}
         self._action_dtype = self._maybe_cast_dtype(action_space.dtype)
         hidden: tuple[str, ...] = ()
         if relabeler is not None:
@@ -167,7 +166,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         """``(buffer_size, n_envs, *obs_shape)``, or a dict of such arrays; None before the first add."""
         if self._obs is None or isinstance(self.observation_space, spaces.Dict):
             return self._obs
-        return self._obs[_SINGLE_KEY]
+        return self._obs[OBS_KEY]
 
     def reset(self) -> None:
         """Drop every rollout and free the storage."""
@@ -221,10 +220,10 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 raise ValueError(f"{name} lacks the keys {missing}")
             items = {key: obs[key] for key in self._obs_spaces}
         else:
-            items = {_SINGLE_KEY: obs}
+            items = {OBS_KEY: obs}
         validated = {}
         for key, value in items.items():
-            label = name if key == _SINGLE_KEY and len(items) == 1 else f"{name}['{key}']"
+            label = name if key == OBS_KEY and len(items) == 1 else f"{name}['{key}']"
             value = np.asarray(value)
             shape = (self.n_envs, *self._obs_shapes[key])
             if isinstance(self._obs_spaces[key], spaces.Discrete) and value.size == self.n_envs:
@@ -509,7 +508,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             if isinstance(self.observation_space, spaces.Dict):
                 observations = self._normalize_obs(observations, env)
             else:
-                observations = {_SINGLE_KEY: self._normalize_obs(observations[_SINGLE_KEY], env)}
+                observations = {OBS_KEY: self._normalize_obs(observations[OBS_KEY], env)}
         rewards = self._normalize_reward(windows.rewards, env)
         padding = ~windows.real
         arrays = [
@@ -529,7 +528,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
         obs_tensors = {key: to_device(value) for key, value in observations.items()}
         return TrajectoryBatch(
-            observations=obs_tensors if isinstance(self.observation_space, spaces.Dict) else obs_tensors[_SINGLE_KEY],
+            observations=obs_tensors if isinstance(self.observation_space, spaces.Dict) else obs_tensors[OBS_KEY],
             actions=to_device(windows.actions),
             prev_actions=to_device(windows.prev_actions),
             rewards=to_device(rewards),

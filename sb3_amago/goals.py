@@ -16,8 +16,8 @@ step. The rollout terminates when the last goal of the instruction is completed.
 
 import numpy as np
 
-INSTRUCTION_KEY = "instruction"
-ACHIEVED_KEY = "achieved"
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY
+
 EMPTY_GOAL = 0
 
 

@@ -23,7 +23,8 @@ from sb3_amago.nets.heads import ActorHead
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
-from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, flat_dict_obs
+from sb3_amago.keys import OBS_KEY, PREV_REWARD_KEY, TRIAL_RESET_KEY
+from sb3_amago.wrappers import flat_dict_obs
 
 
 @dataclass
@@ -349,7 +350,7 @@ def batch_size(obs: TensorObs) -> int:
 
 def check_finite_obs(obs: TensorObs) -> None:
     """Raise on NaN or infinite observation entries, naming the key."""
-    items = obs.items() if isinstance(obs, dict) else [("observation", obs)]
+    items = obs.items() if isinstance(obs, dict) else [(OBS_KEY, obs)]
     for key, value in items:
         if value.is_floating_point() and not bool(th.isfinite(value).all()):
             raise ValueError(

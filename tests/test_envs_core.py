@@ -2,6 +2,7 @@
 
 import importlib
 import random
+import subprocess
 import sys
 import warnings
 
@@ -25,7 +26,8 @@ from sb3_amago.envs.popgym_envs import (
 )
 from sb3_amago.envs.registration import meta_rl_family, popgym_family, tmaze_family
 from sb3_amago.envs.tmaze import TMazeEnv
-from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, TrialsWrapper
+from sb3_amago.keys import PREV_REWARD_KEY, TRIAL_RESET_KEY
+from sb3_amago.wrappers import TrialsWrapper
 
 POPGYM_FAMILIES = sorted({name.removesuffix("Easy") for name in popgym_env_names("easy")})
 
@@ -64,6 +66,19 @@ def test_ids_registered_without_namespace() -> None:
     assert [len(family()) for family in (tmaze_family, popgym_family, meta_rl_family)] == [6, 48, 2]
     assert {"amago-TMaze-v0", "amago-TMaze10000-v0", "amago-DarkKeyToDoor-v0", "amago-HalfCheetahVel-v0"} <= set(ids)
     assert all(i in gym.registry and i.startswith("amago-") and "/" not in i for i in ids)
+
+
+def test_importing_the_package_imports_no_env_module() -> None:
+    """Registration names entry points only: no env module loads until one of its ids is made."""
+    code = (
+        "import sys, gymnasium as gym, sb3_amago\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sb3_amago.envs.')))\n"
+        "gym.make('amago-TMaze-v0')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sb3_amago.envs.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == str(["sb3_amago.envs.popgym_ranges", "sb3_amago.envs.registration"])
+    assert "sb3_amago.envs.tmaze" in out[1] and "sb3_amago.envs.popgym_envs" not in out[1]
 
 
 def test_make_vec_env_finds_ids() -> None:

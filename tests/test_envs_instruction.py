@@ -15,8 +15,8 @@ from sb3_amago.envs.crafter_instructions import CrafterInstructions, import_craf
 from sb3_amago.envs.instruction import InstructionEnv
 from sb3_amago.envs.maze_runner import STAY, MazeRunner, generate_maze, shortest_path
 from sb3_amago.envs.package_delivery import PackageDelivery
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, instruction_rewards
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.goals import instruction_rewards
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 
 needs_crafter = pytest.mark.skipif(importlib.util.find_spec("crafter") is None, reason="crafter not installed")
 

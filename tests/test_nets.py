@@ -11,6 +11,7 @@ from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
 from torch.nn import functional as F
 
+from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
 from sb3_amago.nets.transformer import apply_rotary, rotary_tables, sinusoidal_embedding
@@ -306,7 +307,7 @@ def test_previous_action_features() -> None:
 def test_running_norm_ignores_padding_and_is_frozen_in_eval() -> None:
     space = spaces.Box(-np.inf, np.inf, (2,))
     encoder = TimestepEncoder(space, ACTION_SPACES[0], d_out=8, hidden_sizes=())
-    norm = encoder.obs_norms["obs"]
+    norm = encoder.obs_norms[OBS_KEY]
     obs, prev_actions, time_idx, real = timestep_inputs(space, ACTION_SPACES[0], length=6)
     obs = obs * 3.0 + 5.0
     obs[~real] = 1e4

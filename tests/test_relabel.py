@@ -7,9 +7,9 @@ from gymnasium import spaces
 from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl
 
 from sb3_amago.buffers import TrajectoryReplayBuffer
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, instruction_rewards, n_goals
+from sb3_amago.goals import goal_completion_steps, instruction_rewards, n_goals
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 from sb3_amago.relabel import GoalEnvRelabeler, HindsightInstructionRelabeler, Relabeler, Rollout
-from sb3_amago.wrappers import PREV_REWARD_KEY
 
 
 def instruction_rollout(instruction: list[int], achieved: list[list[int]], m: int = 2) -> Rollout:

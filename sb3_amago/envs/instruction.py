@@ -31,10 +31,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_action, check_int
-from sb3_amago.envs.registration import EnvRegistration
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, n_goals
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.envs.checks import check_action, check_int
+from sb3_amago.goals import goal_completion_steps, n_goals
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 
 
 class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
@@ -192,19 +191,3 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         terminated = info["success"] or failed
         truncated = self._t >= self.horizon and not terminated
         return self._observation(achieved, reward), reward, terminated, truncated, info
-
-
-def instruction_family() -> list[EnvRegistration]:
-    """The instruction envs' ids, as a family of :mod:`sb3_amago.envs.registration`.
-
-    ``amago-MazeRunner-v0`` (15 x 15), ``amago-MazeRunner7-v0`` (7 x 7, for quick examples),
-    ``amago-PackageDelivery-v0`` and ``amago-CrafterInstructions-v0`` (needs the ``envs`` extra).
-    """
-    maze = "sb3_amago.envs.maze_runner:MazeRunner"
-    return [
-        EnvRegistration("amago-MazeRunner-v0", maze, {"size": 15}),
-        EnvRegistration("amago-MazeRunner7-v0", maze, {"size": 7}),
-        EnvRegistration("amago-PackageDelivery-v0", "sb3_amago.envs.package_delivery:PackageDelivery"),
-        EnvRegistration("amago-CrafterInstructions-v0", "sb3_amago.envs.crafter_instructions:CrafterInstructions"),
-    ]
-

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_int
+from sb3_amago.envs.checks import check_int
 from sb3_amago.envs.instruction import InstructionEnv
-from sb3_amago.wrappers import OBS_KEY
+from sb3_amago.keys import OBS_KEY
 
 MIN_SIZE, MAX_SIZE = 3, 30
 #: (row, col) offsets of the move actions 0 up, 1 right, 2 down, 3 left.

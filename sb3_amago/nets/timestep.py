@@ -18,9 +18,9 @@ from stable_baselines3.common.preprocessing import get_obs_shape, is_image_space
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY
 from sb3_amago.distributions import make_action_type
-from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SINGLE_KEY, AmagoExtractor, as_space_dict
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, OBS_KEY
+from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
 OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -168,7 +168,7 @@ class TimestepEncoder(nn.Module):
                 }
                 training = extractor.training
                 with th.no_grad():
-                    extractor.eval()(blank if isinstance(self.observation_space, spaces.Dict) else blank[SINGLE_KEY])
+                    extractor.eval()(blank if isinstance(self.observation_space, spaces.Dict) else blank[OBS_KEY])
                 extractor.train(training)
         except RuntimeError as exc:
             if not images:
@@ -192,7 +192,7 @@ class TimestepEncoder(nn.Module):
         if is_dict != isinstance(obs, dict):
             expected = "a dict of tensors" if is_dict else "a tensor"
             raise ValueError(f"Observation: expected {expected} for {self.observation_space}, received {type(obs)}")
-        obs_dict = obs if is_dict else {SINGLE_KEY: obs}
+        obs_dict = obs if is_dict else {OBS_KEY: obs}
         out = {}
         for key, space in self.obs_spaces.items():
             if key not in obs_dict:
@@ -252,7 +252,7 @@ class TimestepEncoder(nn.Module):
             if key in self.obs_norms:
                 x = self.obs_norms[key](x, real_rows)
             flat[key] = preprocess_obs(x, self.obs_spaces[key]).to(self.mlp[-1].weight.dtype)
-        extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[SINGLE_KEY]
+        extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[OBS_KEY]
         features = self.features_extractor(extractor_input).reshape(batch, length, -1)  # (B, L, F)
         actions = self.action_features(prev_actions, time_idx).to(features.dtype)  # (B, L, A + 1)
         out = self.mlp(th.cat([features, actions], dim=-1))  # (B, L, d_out)

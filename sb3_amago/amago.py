@@ -32,6 +32,7 @@ from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
+DEFAULT_N_CRITICS = 4
 SUPPORTED_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
@@ -47,7 +48,8 @@ class AMAGO(OffPolicyAlgorithm):
         trajectory replay already stores each observation once
     :param max_seq_len: training window and acting context length
     :param multigammas: extra discount factors learned beside ``gamma``
-    :param n_critics: critics in the ensemble
+    :param n_critics: critics in the ensemble (``policy_kwargs=dict(n_critics=...)``, as SAC and TQC
+        take it, sets it too)
     :param n_target_critics: critics drawn (with replacement) whose min forms the TD target
     :param reward_multiplier: reward scale ``k`` in the TD target (10 by default; 100 for bounded sparse tasks)
     :param critic_weight: weight of the critic loss
@@ -55,6 +57,7 @@ class AMAGO(OffPolicyAlgorithm):
     :param bc_weight: weight of the filtered behaviour-cloning term
     :param filter_kind: "binary" or "exp"
     :param filter_beta: temperature of the "exp" filter
+    :param filter_clip: upper clip of the "exp" filter's weights
     :param max_grad_norm: gradient-norm clip
     :param warmup_steps: linear learning-rate warm-up (updates)
     :param epsilon_start: exploration at the start (epsilon-greedy / Gaussian noise std in [-1, 1] units)
@@ -93,7 +96,7 @@ class AMAGO(OffPolicyAlgorithm):
         optimize_memory_usage: bool = False,
         max_seq_len: int = 64,
         multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
-        n_critics: int = 4,
+        n_critics: int = DEFAULT_N_CRITICS,
         n_target_critics: int = 2,
         reward_multiplier: float = 10.0,
         critic_weight: float = 10.0,
@@ -101,6 +104,7 @@ class AMAGO(OffPolicyAlgorithm):
         bc_weight: float = 0.1,
         filter_kind: str = "binary",
         filter_beta: float = 1.0,
+        filter_clip: float = 100.0,
         max_grad_norm: float = 1.0,
         warmup_steps: int = 500,
         epsilon_start: float = 1.0,
@@ -120,6 +124,7 @@ class AMAGO(OffPolicyAlgorithm):
     ) -> None:
         if env is None and _init_setup_model:
             raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
+        policy_kwargs, n_critics = critics_from_policy_kwargs(policy_kwargs, n_critics)
         for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -168,6 +173,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.n_target_critics = n_target_critics
         self.filter_kind = filter_kind
         self.filter_beta = filter_beta
+        self.filter_clip = filter_clip
         _ = self.loss_config  # building it validates the loss settings now, not at the first update
         self.max_grad_norm = max_grad_norm
         self.warmup_steps = warmup_steps
@@ -204,6 +210,7 @@ class AMAGO(OffPolicyAlgorithm):
             n_target_critics=self.n_target_critics,
             filter_kind=self.filter_kind,
             filter_beta=self.filter_beta,
+            filter_clip=self.filter_clip,
         )
 
     @property
@@ -544,7 +551,7 @@ def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
     if isinstance(value, th.Tensor):
         return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
+        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **fields)
     if isinstance(value, (tuple, list)):
         return type(value)(_map_tensors(v, fn) for v in value)
@@ -566,6 +573,24 @@ def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:
+    """``policy_kwargs`` without ``n_critics``, and the number of critics: the one in ``policy_kwargs``
+    (where SAC / TQC users put it) if given, else AMAGO's ``n_critics`` argument.
+
+    :raises ValueError: if both are given, differently (``n_critics`` other than its default 4)
+    """
+    if not policy_kwargs or "n_critics" not in policy_kwargs:
+        return policy_kwargs, n_critics
+    rest = {key: value for key, value in policy_kwargs.items() if key != "n_critics"}
+    in_kwargs = policy_kwargs["n_critics"]
+    if n_critics != DEFAULT_N_CRITICS and n_critics != in_kwargs:
+        raise ValueError(
+            f"n_critics={n_critics} and policy_kwargs n_critics={in_kwargs} disagree: give the number of critics once, "
+            "either as AMAGO's n_critics argument or in policy_kwargs."
+        )
+    return rest, in_kwargs
 
 
 def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:

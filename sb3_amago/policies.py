@@ -7,7 +7,7 @@ target copy of the sequence model). Acting carries a per-env context, :class:`Am
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
 from sb3_amago.distributions import ActorOutput, make_action_type
-from sb3_amago.nets import make_traj_encoder
+from sb3_amago.nets import TrajEncoder, TransformerTrajEncoder, traj_encoder_class
 from sb3_amago.nets.heads import ActorHead
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
@@ -34,11 +34,16 @@ class AmagoState:
     encoder_state: the trajectory encoder's per-env state (key/value cache, hidden vector, ...)
     prev_action: ``(N, action_dim)`` the last action taken, in the replay buffer's representation
     time_idx: ``(N,)`` int64, the time index of the next observation within its rollout
+    spent: True once ``predict`` has advanced from this state. The sequence model's cache is
+        updated in place (copying it every step would cost as much as the step), so a spent state
+        no longer describes its envs and ``predict`` refuses it; ``copy.deepcopy`` a state to
+        branch from it.
     """
 
     encoder_state: Any
     prev_action: th.Tensor
     time_idx: th.Tensor
+    spent: bool = field(default=False, init=False, compare=False)
 
     @property
     def n_envs(self) -> int:
@@ -54,7 +59,7 @@ class TransformerPolicy(BasePolicy):
     :param gammas: discount factors, the main one last (the policy acts with the last head)
     :param max_seq_len: training window length
     :param n_critics: critics in the ensemble
-    :param traj_encoder: "transformer", "gru" or "ff"
+    :param traj_encoder: "transformer", "gru", "ff", or a :class:`~sb3_amago.nets.TrajEncoder` subclass
     :param traj_encoder_kwargs: sizes of the sequence model (e.g. ``d_model``, ``n_layers``)
     :param d_embed: size of each timestep embedding
     :param timestep_encoder_kwargs: e.g. ``hidden_sizes``, ``normalize_obs``, ``instruction_keys``
@@ -80,7 +85,7 @@ class TransformerPolicy(BasePolicy):
         gammas: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999),
         max_seq_len: int = 64,
         n_critics: int = 4,
-        traj_encoder: str = "transformer",
+        traj_encoder: str | type[TrajEncoder] = "transformer",
         traj_encoder_kwargs: dict[str, Any] | None = None,
         d_embed: int = 256,
         timestep_encoder_kwargs: dict[str, Any] | None = None,
@@ -113,7 +118,7 @@ class TransformerPolicy(BasePolicy):
         self.gammas = tuple(float(g) for g in gammas)
         self.max_seq_len = max_seq_len
         self.n_critics = n_critics
-        self.traj_encoder_name = traj_encoder
+        self.traj_encoder_class = traj_encoder_class(traj_encoder)
         self.traj_encoder_kwargs = dict(traj_encoder_kwargs or {})
         self.d_embed = d_embed
         self.timestep_encoder_kwargs = dict(timestep_encoder_kwargs or {})
@@ -126,7 +131,7 @@ class TransformerPolicy(BasePolicy):
         """A learnable position table must cover the time indices of a whole training window."""
         kwargs = self.traj_encoder_kwargs
         max_time = kwargs.get("max_time")
-        learnable = self.traj_encoder_name == "transformer" and kwargs.get("pos_emb") == "learnable"
+        learnable = issubclass(self.traj_encoder_class, TransformerTrajEncoder) and kwargs.get("pos_emb") == "learnable"
         if learnable and max_time is not None and max_time < self.max_seq_len + 1:
             raise ValueError(
                 f"policy_kwargs traj_encoder_kwargs max_time={max_time} (the learnable position table's rows) is "
@@ -145,8 +150,8 @@ class TransformerPolicy(BasePolicy):
         )
         # Training windows hold max_seq_len + 1 steps (the last one only bootstraps), and acting
         # keeps the same context length so that both see the same windows.
-        self.traj_encoder = make_traj_encoder(
-            self.traj_encoder_name, self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs
+        self.traj_encoder = self.traj_encoder_class(
+            self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs
         )
         state_dim = self.traj_encoder.out_dim
         n_gammas = len(self.gammas)
@@ -177,7 +182,7 @@ class TransformerPolicy(BasePolicy):
             gammas=self.gammas,
             max_seq_len=self.max_seq_len,
             n_critics=self.n_critics,
-            traj_encoder=self.traj_encoder_name,
+            traj_encoder=self.traj_encoder_class,
             traj_encoder_kwargs=self.traj_encoder_kwargs,
             d_embed=self.d_embed,
             timestep_encoder_kwargs=self.timestep_encoder_kwargs,
@@ -294,10 +299,12 @@ class TransformerPolicy(BasePolicy):
         """Act on raw env observations, carrying each env's context in ``state``.
 
         :param observation: one observation or a batch of ``N`` (vectorised env)
-        :param state: the state returned by the previous call; ``None`` starts fresh contexts
+        :param state: the state returned by the previous call; ``None`` starts fresh contexts. The
+            call advances the context in place: the state passed in is spent (see :class:`AmagoState`)
         :param episode_start: ``(N,)`` bool, envs whose rollout starts with this observation
         :param deterministic: act with the mode of the main-gamma policy
         :return: actions in the env's format, and the state to pass next time
+        :raises ValueError: for a state already passed to an earlier call
         """
         self.set_training_mode(False)
         if (
@@ -319,6 +326,13 @@ class TransformerPolicy(BasePolicy):
                 "state must be None or the AmagoState returned by the previous predict call for the same number of envs "
                 f"({n_envs} observations given)."
             )
+        elif state.spent:
+            raise ValueError(
+                "This state was already passed to predict, which advanced its context in place: pass the state returned "
+                "by the latest predict call (copy.deepcopy a state before the call to act twice from the same context)."
+            )
+        else:
+            state.spent = True
         if episode_start is not None:
             state = self.reset_state(state, episode_start)
         with th.no_grad():

@@ -15,6 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
+from sb3_amago.nets import GRUTrajEncoder
 from sb3_amago.policies import AmagoState
 
 TINY = {
@@ -184,6 +185,22 @@ def _record_actor_outputs(policy, monkeypatch: pytest.MonkeyPatch) -> list[th.Te
 
     monkeypatch.setattr(policy, "observe", recording_observe)
     return outputs
+
+
+def test_predict_refuses_a_spent_state_and_a_deep_copy_branches() -> None:
+    """predict advances the context in place: the state it was given is refused afterwards; a deep copy
+    taken before the call acts from the same context again, as the original did."""
+    model = tiny_model(gym.make("Pendulum-v1"))
+    obs = np.random.default_rng(0).normal(size=(4, 1, 3)).astype(np.float32)
+    _, state = model.predict(obs[0], deterministic=True)
+    _, state = model.predict(obs[1], state=state, deterministic=True)
+    branch = copy.deepcopy(state)
+    action, new_state = model.predict(obs[2], state=state, deterministic=True)
+    with pytest.raises(ValueError, match="already passed to predict"):
+        model.predict(obs[2], state=state, deterministic=True)
+    again, _ = model.predict(obs[2], state=branch, deterministic=True)
+    np.testing.assert_array_equal(again, action)
+    model.predict(obs[3], state=new_state, deterministic=True)  # the returned state stays usable
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -452,6 +469,22 @@ def test_out_of_range_hyperparameters_are_named_at_construction(kwargs: dict, wo
     env = make_vec_env(CountingEnv, n_envs=kwargs.pop("n_envs", 1))
     with pytest.raises(ValueError, match=words):
         tiny_model(env, **kwargs)
+
+
+def test_sb3_style_policy_kwargs_reach_the_policy() -> None:
+    """policy_kwargs n_critics (as SAC / TQC take it), a trajectory-encoder class (as features_extractor_class
+    takes one) and filter_clip all reach the model; a conflicting n_critics or a class of the wrong kind is named."""
+    env = PrevRewardWrapper(CountingEnv())
+    model = tiny_model(env, policy_kwargs={**TINY, "n_critics": 2}, filter_clip=7.0)
+    assert model.n_critics == 2 and model.policy.n_critics == 2
+    assert model.policy.critics(th.zeros(1, model.policy.traj_encoder.out_dim)).shape[1] == 2
+    assert model.loss_config.filter_clip == 7.0
+    model = tiny_model(env, policy_kwargs={**TINY, "traj_encoder": GRUTrajEncoder, "traj_encoder_kwargs": {}})
+    assert isinstance(model.policy.traj_encoder, GRUTrajEncoder)
+    with pytest.raises(ValueError, match="disagree"):
+        tiny_model(env, n_critics=3, policy_kwargs={**TINY, "n_critics": 2})
+    with pytest.raises(ValueError, match="not a sb3_amago.nets.TrajEncoder subclass"):
+        tiny_model(env, policy_kwargs={**TINY, "traj_encoder": th.nn.GRU})
 
 
 def test_hyperparameters_at_the_limits_are_accepted() -> None:

@@ -30,8 +30,8 @@ from common import run_metadata
 from sb3_amago.nets import TransformerTrajEncoder
 
 D_MODEL, N_LAYERS, N_HEADS = 128, 3, 8
-FULL = dict(contexts=[128, 1024, 8192], n_envs=16, step_repeats=20, train_lengths=[256, 1024, 4096, 10000], batch=8)
-QUICK = dict(contexts=[16, 32, 64], n_envs=4, step_repeats=3, train_lengths=[32, 64], batch=2)
+FULL = {"contexts": [128, 1024, 8192], "n_envs": 16, "step_repeats": 20, "train_lengths": [256, 1024, 4096, 10000], "batch": 8}
+QUICK = {"contexts": [16, 32, 64], "n_envs": 4, "step_repeats": 3, "train_lengths": [32, 64], "batch": 2}
 # Expectations from the issue, checked on the full run.
 MAX_STEP_RATIO_1024_VS_128 = 3.0
 MIN_SPEEDUP_AT_8192 = 20.0
@@ -159,8 +159,7 @@ def markdown(report: dict) -> str:
         f"`{report['command']}`  ",
         f"torch {report['torch_version']}, {report['threads']} threads, {report['cpu_model']}, {report['date']}",
         "",
-        f"## Acting: one step of {report['config']['n_envs']} envs "
-        f"(d_model {D_MODEL}, {N_LAYERS} layers, {N_HEADS} heads)",
+        (f"## Acting: one step of {report['config']['n_envs']} envs (d_model {D_MODEL}, {N_LAYERS} layers, {N_HEADS} heads)"),
         "",
         "| context | cached step (ms) | recompute window (ms) | speedup |",
         "| ---: | ---: | ---: | ---: |",

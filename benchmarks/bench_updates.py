@@ -24,7 +24,26 @@ from stable_baselines3.common.env_util import make_vec_env
 from sb3_amago import AMAGO
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.
-MULTIGAMMAS = (0.5, 0.7, 0.8, 0.9, 0.93, 0.95, 0.98, 0.99, 0.992, 0.994, 0.995, 0.997, 0.998, 0.9991, 0.9992, 0.9993, 0.9994, 0.9995)
+MULTIGAMMAS = (
+    0.5,
+    0.7,
+    0.8,
+    0.9,
+    0.93,
+    0.95,
+    0.98,
+    0.99,
+    0.992,
+    0.994,
+    0.995,
+    0.997,
+    0.998,
+    0.9991,
+    0.9992,
+    0.9993,
+    0.9994,
+    0.9995,
+)
 REFERENCE_UPDATES_PER_S = {64: 9.6, 256: 2.8}
 
 
@@ -126,7 +145,11 @@ def main() -> None:
     figures["predict_latency_16_envs"] = {"value": coll["predict_ms_16_envs_median"], "unit": "ms per call (median)"}
     print(coll)
     share = sampling_share(window=64 if args.quick else 1024, n_updates=2 if args.quick else 5)
-    figures["replay_sampling_share_B24_W1024"] = {"value": share["sampling_share"], "unit": "fraction of one training step", **share}
+    figures["replay_sampling_share_B24_W1024"] = {
+        "value": share["sampling_share"],
+        "unit": "fraction of one training step",
+        **share,
+    }
     print(share)
     config = {
         "batch_size": 8,

@@ -24,9 +24,9 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
+from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.loss import LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
@@ -311,9 +311,7 @@ class AMAGO(OffPolicyAlgorithm):
             eps = eps * (1.0 - 0.95 * t.clamp(max=1.0))
         return self.policy.action_type.explore(action, eps.unsqueeze(-1))
 
-    def _sample_action(
-        self, learning_starts: int, action_noise: Any = None, n_envs: int = 1
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _sample_action(self, learning_starts: int, action_noise: Any = None, n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Step every env's context with the new observation, then act: uniformly at random before
         ``learning_starts``, else from the main-gamma policy with exploration."""
         assert self._collect_state is not None and self._last_obs is not None
@@ -503,7 +501,7 @@ class AMAGO(OffPolicyAlgorithm):
     def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
         """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
         if not isinstance(buffer, TrajectoryReplayBuffer):
-            raise ValueError(  # noqa: TRY004 (the file's content is wrong, not an argument's type)
+            raise ValueError(
                 f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
                 "load a replay saved by AMAGO.save_replay_buffer."
             )
@@ -525,7 +523,13 @@ class AMAGO(OffPolicyAlgorithm):
                 )
 
     @classmethod
-    def load(cls: type[SelfAMAGO], path: str | pathlib.Path | Any, env: GymEnv | None = None, device: th.device | str = "auto", **kwargs: Any) -> SelfAMAGO:
+    def load(
+        cls: type[SelfAMAGO],
+        path: str | pathlib.Path | Any,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        **kwargs: Any,
+    ) -> SelfAMAGO:
         """SB3's load, with clear errors for files that are not AMAGO models."""
         try:
             data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=kwargs.get("custom_objects"))
@@ -639,4 +643,3 @@ def check_observation_space(space: spaces.Space) -> None:
                 "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
                 "this part into one of them (or drop it)."
             )
-

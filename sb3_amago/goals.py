@@ -16,8 +16,6 @@ step. The rollout terminates when the last goal of the instruction is completed.
 
 import numpy as np
 
-from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY
-
 EMPTY_GOAL = 0
 
 

@@ -18,12 +18,12 @@ from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
 from sb3_amago.distributions import ActorOutput, make_action_type
+from sb3_amago.keys import OBS_KEY, PREV_REWARD_KEY, TRIAL_RESET_KEY
 from sb3_amago.nets import TrajEncoder, TransformerTrajEncoder, traj_encoder_class
 from sb3_amago.nets.heads import ActorHead
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
-from sb3_amago.keys import OBS_KEY, PREV_REWARD_KEY, TRIAL_RESET_KEY
 from sb3_amago.wrappers import flat_dict_obs
 
 
@@ -150,9 +150,7 @@ class TransformerPolicy(BasePolicy):
         )
         # Training windows hold max_seq_len + 1 steps (the last one only bootstraps), and acting
         # keeps the same context length so that both see the same windows.
-        self.traj_encoder = self.traj_encoder_class(
-            self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs
-        )
+        self.traj_encoder = self.traj_encoder_class(self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs)
         state_dim = self.traj_encoder.out_dim
         n_gammas = len(self.gammas)
         self.actor = ActorHead(state_dim, self.action_type, n_gammas, self.actor_hidden)

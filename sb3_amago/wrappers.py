@@ -27,7 +27,6 @@ from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from sb3_amago.keys import OBS_KEY, PREV_REWARD_KEY, TRIAL_RESET_KEY
 
 
-
 def is_structured(space: spaces.Space) -> bool:
     """True for spaces SB3 cannot store as they are: a Tuple, or a Dict holding a Dict or Tuple."""
     if isinstance(space, spaces.Tuple):

@@ -63,13 +63,12 @@ def filled_model(env_id_or_env, steps: int = 64, **kwargs) -> AMAGO:
     return model
 
 
-
-
 ACTION_SPACES = {
     "discrete": spaces.Discrete(3),
     "multidiscrete": spaces.MultiDiscrete([2, 3]),
     "box": spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32),
 }
+
 
 # --------------------------------------------------------------------------------------------
 # Collection
@@ -82,7 +81,12 @@ def test_collection_feeds_previous_action_and_reward(monkeypatch: pytest.MonkeyP
 
     def recording_observe(obs, state):
         seen.append(
-            (float(obs["observation"][0, 0]), float(obs["prev_reward"][0, 0]), float(state.prev_action[0, 0]), int(state.time_idx[0]))
+            (
+                float(obs["observation"][0, 0]),
+                float(obs["prev_reward"][0, 0]),
+                float(state.prev_action[0, 0]),
+                int(state.time_idx[0]),
+            )
         )
         return observe(obs, state)
 
@@ -455,7 +459,12 @@ def test_bad_constructor_arguments() -> None:
         ({"multigammas": (0.9, 1.0)}, r"multigammas holds \[1.0\].*\[0, 1\).*0.99"),
         ({"multigammas": (1.2,)}, r"multigammas holds \[1.2\]"),
         (
-            {"policy_kwargs": {**TINY, "traj_encoder_kwargs": {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 8}}},
+            {
+                "policy_kwargs": {
+                    **TINY,
+                    "traj_encoder_kwargs": {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 8},
+                }
+            },
             r"max_time=8.*max_seq_len \+ 1 = 9.*raise max_time",
         ),
         ({"buffer_size": 8}, r"buffer_size=8 holds 8 steps per env.*at least 9"),
@@ -569,7 +578,7 @@ def test_runs_on_popgym_spaces(name: str) -> None:
     model.learn(60)
     assert model._n_updates > 0
     obs, _ = env.reset(seed=0)
-    action, state = model.predict(obs, deterministic=True)
+    action, _state = model.predict(obs, deterministic=True)
     assert env.action_space.contains(action)
     # The raw popgym observation (a tuple for Autoencode) is taken as it is.
     raw = env.unwrapped

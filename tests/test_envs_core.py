@@ -327,7 +327,7 @@ def test_trials_wrapper_keeps_task_flags_trials_and_ends_after_k() -> None:
     assert obs[TRIAL_RESET_KEY][0] == 0 and obs[PREV_REWARD_KEY][0] == 0 and info["trial"] == 0
     flags, trials, steps, done = [], [], 0, False
     while not done:
-        obs, reward, terminated, truncated, info = env.step(0)  # stay: every trial is cut at 6 steps
+        obs, _reward, terminated, truncated, info = env.step(0)  # stay: every trial is cut at 6 steps
         steps += 1
         done = terminated or truncated
         flags.append(obs[TRIAL_RESET_KEY][0])
@@ -361,7 +361,7 @@ def test_trials_wrapper_terminates_with_last_trial_and_carries_reward() -> None:
 
 def test_trials_wrapper_step_budget_cuts_mid_trial() -> None:
     env = TrialsWrapper(DarkKeyToDoorEnv(size=5, trial_length=4), max_rollout_steps=10)
-    ret, steps, terminated, truncated, info = _rollout(env, lambda e, o: 0)
+    _ret, steps, terminated, truncated, info = _rollout(env, lambda e, o: 0)
     assert (steps, terminated, truncated, len(info["trial_returns"])) == (10, False, True, 3)
 
 

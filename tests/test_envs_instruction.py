@@ -113,7 +113,7 @@ def test_maze_tokens_render_and_wall_bumps() -> None:
     assert art.count("@") == 1 and all(str(i) in art for i in (1, 2, 3))
     blocked = next(d for d in range(4) if not env.passages[env.agent][d])
     start = env.agent
-    obs, reward, *_ = env.step(blocked)
+    obs, _reward, *_ = env.step(blocked)
     assert env.agent == start and obs[ACHIEVED_KEY][0] == env.cell_token(*start)
     env.step(STAY)
     assert env.agent == start
@@ -226,9 +226,7 @@ def test_crafter_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         (lambda: PackageDelivery(n_forks=9), r"n_forks must be an integer in \[0, 8\]"),
         (lambda: PackageDelivery(min_packages=0), r"min_packages must be an integer in \[1, 4\]"),
         (lambda: PackageDelivery(max_packages=30), r"max_packages must be an integer in \[1, 29\]"),
-        pytest.param(
-            lambda: CrafterInstructions(max_goals=0), r"max_goals must be an integer in \[1, ", marks=needs_crafter
-        ),
+        pytest.param(lambda: CrafterInstructions(max_goals=0), r"max_goals must be an integer in \[1, ", marks=needs_crafter),
         pytest.param(
             lambda: CrafterInstructions(region_grid=0),
             r"region_grid must be an integer in \[1, 64\]",

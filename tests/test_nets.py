@@ -18,12 +18,12 @@ from sb3_amago.nets.transformer import apply_rotary, rotary_tables, sinusoidal_e
 
 D_IN = 5
 SMALL = {
-    "transformer": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2),
-    "transformer_sinusoidal": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="sinusoidal"),
-    "transformer_learnable": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="learnable", max_time=300),
-    "transformer_none": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="none"),
-    "gru": dict(d_hidden=16),
-    "ff": dict(d_hidden=16),
+    "transformer": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2},
+    "transformer_sinusoidal": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2, "pos_emb": "sinusoidal"},
+    "transformer_learnable": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2, "pos_emb": "learnable", "max_time": 300},
+    "transformer_none": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2, "pos_emb": "none"},
+    "gru": {"d_hidden": 16},
+    "ff": {"d_hidden": 16},
 }
 
 
@@ -273,7 +273,7 @@ def test_timestep_encoder_shapes_and_gradients(obs_kind: str, action_space: spac
 @pytest.mark.parametrize("cnn", ["nature", "impala"])
 def test_timestep_encoder_bf16_autocast(cnn: str) -> None:
     encoder = TimestepEncoder(
-        DICT_SPACE, ACTION_SPACES[0], features_extractor_kwargs=dict(cnn=cnn), d_out=16, hidden_sizes=(32,)
+        DICT_SPACE, ACTION_SPACES[0], features_extractor_kwargs={"cnn": cnn}, d_out=16, hidden_sizes=(32,)
     )
     with th.autocast("cpu", dtype=th.bfloat16):
         out = encoder(*timestep_inputs(DICT_SPACE, ACTION_SPACES[0]))
@@ -284,7 +284,7 @@ def test_timestep_encoder_bf16_autocast(cnn: str) -> None:
     "space, extractor_class, kwargs",
     [
         (spaces.Box(-1, 1, (3,)), FlattenExtractor, {}),
-        (spaces.Box(0, 255, (3, 36, 36), np.uint8), NatureCNN, dict(features_dim=32)),
+        (spaces.Box(0, 255, (3, 36, 36), np.uint8), NatureCNN, {"features_dim": 32}),
         (spaces.Dict({"vec": spaces.Box(-1, 1, (3,)), "cell": spaces.Discrete(3)}), CombinedExtractor, {}),
     ],
     ids=["flatten", "nature_cnn", "combined"],

@@ -25,7 +25,9 @@ def traj_encoder_class(kind: str | type[TrajEncoder]) -> type[TrajEncoder]:
             )
         return kind
     if kind not in TRAJ_ENCODERS:
-        raise ValueError(f"Unknown trajectory encoder '{kind}', expected one of {sorted(TRAJ_ENCODERS)} or a TrajEncoder subclass")
+        raise ValueError(
+            f"Unknown trajectory encoder '{kind}', expected one of {sorted(TRAJ_ENCODERS)} or a TrajEncoder subclass"
+        )
     return TRAJ_ENCODERS[kind]
 
 

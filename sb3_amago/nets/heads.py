@@ -6,6 +6,7 @@ MultiDiscrete). What depends on the action space lives in :mod:`sb3_amago.distri
 """
 
 import abc
+import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | Non
     """A leaky-ReLU MLP; with ``n_members`` it is an ensemble of that many MLPs run in one pass."""
     sizes = (in_dim, *hidden, out_dim)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b) if n_members is None else EnsembleLinear(n_members, a, b))
         if i < len(sizes) - 2:
             layers.append(nn.LeakyReLU())

@@ -205,7 +205,9 @@ class TransformerTrajEncoder(TrajEncoder):
         if pos_emb == "sinusoidal" and d_model % 2 != 0:
             raise ValueError(f"The sinusoidal position embedding needs an even d_model, got {d_model}")
         if pos_emb == "rotary" and (d_model // n_heads) % 2 != 0:
-            raise ValueError(f"The rotary position embedding needs an even head size, got d_model / n_heads = {d_model // n_heads}")
+            raise ValueError(
+                f"The rotary position embedding needs an even head size, got d_model / n_heads = {d_model // n_heads}"
+            )
         if pos_emb == "learnable" and (max_time is None or max_time < 1):
             raise ValueError(f"pos_emb='learnable' needs max_time >= 1 (the longest rollout, in steps), got {max_time}")
         self.d_model = d_model

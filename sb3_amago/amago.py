@@ -128,7 +128,7 @@ class AMAGO(OffPolicyAlgorithm):
         for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if hasattr(env, "observation_space"):
+        if env is not None and not isinstance(env, str):
             check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
         check_discounts(gamma, multigammas)
         if not 0.0 <= float(tau) <= 1.0:
@@ -138,7 +138,7 @@ class AMAGO(OffPolicyAlgorithm):
             )
         super().__init__(
             policy,
-            env,
+            env,  # type: ignore[arg-type]  # None only where SB3's load builds the model before setting its env
             learning_rate,
             buffer_size,
             learning_starts,
@@ -528,11 +528,14 @@ class AMAGO(OffPolicyAlgorithm):
         path: str | pathlib.Path | Any,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
         **kwargs: Any,
     ) -> SelfAMAGO:
         """SB3's load, with clear errors for files that are not AMAGO models."""
         try:
-            data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=kwargs.get("custom_objects"))
+            data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=custom_objects)
         except (zipfile.BadZipFile, EOFError, KeyError, RuntimeError, ValueError) as exc:
             raise ValueError(f"{path} is not a readable SB3 model file ({exc}); it may be corrupted or truncated.") from exc
         if data is None or "policy_class" not in data:
@@ -543,7 +546,15 @@ class AMAGO(OffPolicyAlgorithm):
             raise ValueError(
                 f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
             )
-        model = super().load(path, env=env, device=device, **kwargs)
+        model = super().load(
+            path,
+            env=env,
+            device=device,
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
+        )
         run_state = model.__dict__.pop("_run_state", None)
         if run_state is not None:
             model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model

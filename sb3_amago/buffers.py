@@ -2,7 +2,7 @@
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch as th
@@ -49,6 +49,17 @@ def _check_values(name: str, value: np.ndarray, space: spaces.Space) -> None:
             f"{name} holds NaN or infinite values: fix the env, or wrap it with "
             "stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
         )
+
+
+class _Store(NamedTuple):
+    """The storage arrays once allocated, each ``(buffer_size, n_envs, ...)``."""
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    dones: np.ndarray
+    timeouts: np.ndarray
+    time_steps: np.ndarray
 
 
 @dataclass
@@ -161,8 +172,8 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ storage
 
-    @property
-    def observations(self) -> np.ndarray | dict[str, np.ndarray] | None:
+    @property  # SB3's buffers hold an array here; this one allocates at the first add
+    def observations(self) -> np.ndarray | dict[str, np.ndarray] | None:  # type: ignore[override]
         """``(buffer_size, n_envs, *obs_shape)``, or a dict of such arrays; None before the first add."""
         if self._obs is None or isinstance(self.observation_space, spaces.Dict):
             return self._obs
@@ -170,11 +181,12 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
     def reset(self) -> None:
         """Drop every rollout and free the storage."""
+        # Allocated at the first add (SB3's buffers declare them as arrays from the start).
         self._obs: dict[str, np.ndarray] | None = None
-        self.actions: np.ndarray | None = None
-        self.rewards: np.ndarray | None = None
-        self.dones: np.ndarray | None = None
-        self.timeouts: np.ndarray | None = None
+        self.actions: np.ndarray | None = None  # type: ignore[assignment]
+        self.rewards: np.ndarray | None = None  # type: ignore[assignment]
+        self.dones: np.ndarray | None = None  # type: ignore[assignment]
+        self.timeouts: np.ndarray | None = None  # type: ignore[assignment]
         self.time_steps: np.ndarray | None = None
         # Per env column: absolute index (counting every row ever written) of its newest row,
         # the time index of the observation there, and the table entry of its running rollout.
@@ -184,8 +196,9 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         # Rollout table: column, absolute first row, absolute end row (exclusive).
         self._table = np.zeros((0, 3), dtype=np.int64)
         self._n_table = 0
-        self.pos = np.zeros(self.n_envs, dtype=np.int64)
-        self.full = np.zeros(self.n_envs, dtype=bool)
+        # Per env column (SB3's buffers keep one int and one bool for all columns).
+        self.pos = np.zeros(self.n_envs, dtype=np.int64)  # type: ignore[assignment]
+        self.full = np.zeros(self.n_envs, dtype=bool)  # type: ignore[assignment]
 
     def _allocate(self) -> None:
         rows = (self.buffer_size, self.n_envs)
@@ -200,6 +213,13 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 f"The replay buffer needs {self.nbytes() / 1e9:.2f} GB, more than the "
                 f"{psutil.virtual_memory().available / 1e9:.2f} GB of memory available"
             )
+
+    def _store(self) -> _Store:
+        """The storage arrays, allocated at the first add (a RuntimeError before it)."""
+        if self._obs is None or self.actions is None or self.rewards is None:
+            raise RuntimeError("The replay buffer holds no steps yet: add steps first.")
+        assert self.dones is not None and self.timeouts is not None and self.time_steps is not None
+        return _Store(self._obs, self.actions, self.rewards, self.dones, self.timeouts, self.time_steps)
 
     def nbytes(self) -> int:
         """Bytes held by the storage and the rollout table (0 before the first add)."""
@@ -220,7 +240,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 raise ValueError(f"{name} lacks the keys {missing}")
             items = {key: obs[key] for key in self._obs_spaces}
         else:
-            items = {OBS_KEY: obs}
+            items = {OBS_KEY: np.asarray(obs)}
         validated = {}
         for key, value in items.items():
             label = name if key == OBS_KEY and len(items) == 1 else f"{name}['{key}']"
@@ -291,43 +311,45 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         obs_, next_obs_, action, reward, done, timeout = self._validated(obs, next_obs, action, reward, done, infos)
         if self._obs is None:
             self._allocate()
+        store = self._store()
         envs = np.arange(self.n_envs)
         self._close_broken_streams(obs_)
         starting = self._running < 0
         rows = np.where(starting, self._head + 1, self._head)
         self._time[starting] = 0
         for env in np.flatnonzero(starting):
-            self._running[env] = self._new_rollout(env, rows[env])
+            self._running[env] = self._new_rollout(int(env), int(rows[env]))
         here, after = rows % self.buffer_size, (rows + 1) % self.buffer_size
-        for key, store in self._obs.items():
-            store[here, envs] = obs_[key]
-            store[after, envs] = next_obs_[key]
-        self.actions[here, envs] = action
-        self.rewards[here, envs] = reward
-        self.dones[here, envs] = done
-        self.timeouts[here, envs] = timeout
-        self.time_steps[here, envs] = self._time
-        self.actions[after, envs] = 0
-        self.rewards[after, envs] = 0.0
-        self.dones[after, envs] = False
-        self.timeouts[after, envs] = False
-        self.time_steps[after, envs] = self._time + 1
+        for key, array in store.obs.items():
+            array[here, envs] = obs_[key]
+            array[after, envs] = next_obs_[key]
+        store.actions[here, envs] = action
+        store.rewards[here, envs] = reward
+        store.dones[here, envs] = done
+        store.timeouts[here, envs] = timeout
+        store.time_steps[here, envs] = self._time
+        store.actions[after, envs] = 0
+        store.rewards[after, envs] = 0.0
+        store.dones[after, envs] = False
+        store.timeouts[after, envs] = False
+        store.time_steps[after, envs] = self._time + 1
         self._head = rows + 1
         self._time += 1
         self._table[self._running, 2] = self._head + 1
         self._running[done] = -1
-        self.pos = (self._head + 1) % self.buffer_size
-        self.full = self._head + 1 >= self.buffer_size
+        self.pos = (self._head + 1) % self.buffer_size  # type: ignore[assignment]  # per column, see reset
+        self.full = self._head + 1 >= self.buffer_size  # type: ignore[assignment]
 
     def _close_broken_streams(self, obs: dict[str, np.ndarray]) -> None:
         """Close running rollouts whose newest observation is not the ``obs`` now given."""
         running = np.flatnonzero(self._running >= 0)
         if len(running) == 0:
             return
+        store = self._store()
         here = self._head[running] % self.buffer_size
         same = np.ones(len(running), dtype=bool)
-        for key, store in self._obs.items():
-            stored = store[here, running]
+        for key, array in store.obs.items():
+            stored = array[here, running]
             given = obs[key][running].astype(stored.dtype)
             same &= (stored == given).reshape(len(running), -1).all(axis=1)
         self._running[running[~same]] = -1
@@ -405,17 +427,18 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         steps = np.arange(-1, int(length.max()))
         rows = (starts[:, None] + np.minimum(steps, length[:, None] - 1)) % self.buffer_size
         col = cols[:, None]
-        time_idx = self.time_steps[rows[:, 1:], col].astype(np.int64)
+        store = self._store()
+        time_idx = store.time_steps[rows[:, 1:], col].astype(np.int64)
         started = time_idx > 0
-        actions = self.actions[rows, col].astype(np.float32)
+        actions = store.actions[rows, col].astype(np.float32)
         before = rows[:, :-1]
-        done = self.dones[before, col] & started
-        timeout = self.timeouts[before, col]
+        done = store.dones[before, col] & started
+        timeout = store.timeouts[before, col]
         return _Windows(
-            observations={key: self._obs[key][rows[:, 1:], col] for key in keys},
+            observations={key: store.obs[key][rows[:, 1:], col] for key in keys},
             actions=actions[:, 1:],
             prev_actions=actions[:, :-1] * started[..., None],
-            rewards=self.rewards[before, col] * started,
+            rewards=store.rewards[before, col] * started,
             terminated=(done & ~timeout).astype(np.float32),
             truncated=(done & timeout).astype(np.float32),
             time_idx=time_idx,
@@ -425,16 +448,17 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     def _read_rollout(self, col: int, first_row: int, n_obs: int, keys: list[str]) -> Rollout:
         """A copy of the ``n_obs`` rows of a rollout from ``first_row``, with the observation ``keys``."""
         rows = (first_row + np.arange(n_obs)) % self.buffer_size
+        store = self._store()
         last = rows[-2] if n_obs > 1 else rows[-1]
-        ended = n_obs > 1 and bool(self.dones[last, col])
-        timeout = bool(self.timeouts[last, col])
+        ended = n_obs > 1 and bool(store.dones[last, col])
+        timeout = bool(store.timeouts[last, col])
         return Rollout(
-            observations={key: self._obs[key][rows, col] for key in keys},
-            actions=self.actions[rows[:-1], col],
-            rewards=self.rewards[rows[:-1], col],
+            observations={key: store.obs[key][rows, col] for key in keys},
+            actions=store.actions[rows[:-1], col],
+            rewards=store.rewards[rows[:-1], col],
             terminated=ended and not timeout,
             truncated=ended and timeout,
-            start_time=int(self.time_steps[rows[0], col]),
+            start_time=int(store.time_steps[rows[0], col]),
         )
 
     @staticmethod
@@ -471,13 +495,14 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         windows = self._gather(cols, first_rows + offsets, length, [key for key in visible if key not in relabel_keys])
         for key in visible:
             if key in relabel_keys:
-                store = self._obs[key]
+                store = self._store().obs[key]
                 windows.observations[key] = np.zeros((len(cols), int(length.max()), *store.shape[2:]), dtype=store.dtype)
         for index, rollout in enumerate(rollouts):
             self._write_rollout(windows, index, rollout, int(offsets[index]), int(length[index]))
         return windows
 
-    def sample(self, batch_size: int, env: VecNormalize | None = None) -> TrajectoryBatch:
+    # Windows of whole rollouts, not SB3's batches of single transitions.
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> TrajectoryBatch:  # type: ignore[override]
         """Draw ``batch_size`` windows (see the class docstring for the alignment).
 
         :param batch_size: ``B``
@@ -506,9 +531,9 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         observations: dict[str, np.ndarray] = windows.observations
         if env is not None:
             if isinstance(self.observation_space, spaces.Dict):
-                observations = self._normalize_obs(observations, env)
+                observations = cast(dict[str, np.ndarray], self._normalize_obs(observations, env))
             else:
-                observations = {OBS_KEY: self._normalize_obs(observations[OBS_KEY], env)}
+                observations = {OBS_KEY: cast(np.ndarray, self._normalize_obs(observations[OBS_KEY], env))}
         rewards = self._normalize_reward(windows.rewards, env)
         padding = ~windows.real
         arrays = [

@@ -52,6 +52,8 @@ class ActionType(abc.ABC):
 
     def __init__(self, space: spaces.Space) -> None:
         self.space = space
+        #: The env's shape of one action.
+        self.shape: tuple[int, ...] = space.shape or ()
         #: Width of one action in the buffer (SB3's ``get_action_dim``).
         self.action_dim = get_action_dim(space)
         #: Width ``A`` of one encoded action (one-hot codes, or the Box values).
@@ -198,7 +200,7 @@ class CategoricalAction(ActionType):
         return th.cat(parts, dim=-1)
 
     def to_env(self, buffer_action: np.ndarray) -> np.ndarray:
-        return buffer_action.astype(np.int64).reshape(-1, *self.space.shape)
+        return buffer_action.astype(np.int64).reshape(-1, *self.shape)
 
     def to_buffer(self, env_action: np.ndarray) -> np.ndarray:
         return np.asarray(env_action, dtype=np.float32).reshape(len(env_action), -1)
@@ -300,7 +302,7 @@ class TanhGaussianAction(ActionType):
 
     def to_env(self, buffer_action: np.ndarray) -> np.ndarray:
         unscaled = self.low + (0.5 * (buffer_action.astype(np.float64) + 1.0) * (self.high - self.low))
-        return unscaled.reshape(-1, *self.space.shape).astype(self.space.dtype)
+        return unscaled.reshape(-1, *self.shape).astype(self.space.dtype)
 
     def to_buffer(self, env_action: np.ndarray) -> np.ndarray:
         scaled = 2.0 * ((env_action - self.low) / (self.high - self.low)) - 1.0

@@ -77,6 +77,8 @@ class TransformerPolicy(BasePolicy):
     :param optimizer_kwargs: its keyword arguments (default ``weight_decay=1e-3``)
     """
 
+    gamma_values: th.Tensor
+
     def __init__(
         self,
         observation_space: spaces.Space,
@@ -107,7 +109,7 @@ class TransformerPolicy(BasePolicy):
         super().__init__(
             observation_space,
             action_space,
-            features_extractor_class=features_extractor_class,  # type: ignore[arg-type]
+            features_extractor_class=features_extractor_class,
             features_extractor_kwargs=features_extractor_kwargs,
             optimizer_class=optimizer_class,
             optimizer_kwargs=optimizer_kwargs,
@@ -159,7 +161,8 @@ class TransformerPolicy(BasePolicy):
         self.register_buffer("gamma_values", th.tensor(self.gammas, dtype=th.float32))
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
-        self.optimizer = self.optimizer_class(self.online_parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+        # Any torch optimizer that takes lr, as SB3 builds its policies' optimizers.
+        self.optimizer = self.optimizer_class(self.online_parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
 
     def online_parameters(self) -> list[th.nn.Parameter]:
         """Every trained parameter (all but the EMA target heads)."""

@@ -9,7 +9,12 @@ from gymnasium import spaces
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     """``value`` as an int, or a ``ValueError`` naming ``name`` and the valid range (bools rejected)."""
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < low or (high is not None and value > high):
+    if (
+        not isinstance(value, Integral)
+        or isinstance(value, bool)
+        or int(value) < low
+        or (high is not None and int(value) > high)
+    ):
         valid = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
         raise ValueError(f"{name} must be {valid}, got {value!r}.")
     return int(value)

@@ -193,7 +193,7 @@ class MazeRunner(InstructionEnv):
                 if self.passages[row, col, 2]:
                     grid[2 * row + 2, 2 * col + 1] = " "
         for slot in range(self._progress, self._n_goals):
-            row, col = self.token_cell(int(self._instruction[slot]))
+            row, col = self.token_cell(int(self.instruction[slot]))
             grid[2 * row + 1, 2 * col + 1] = str(slot + 1)
         grid[2 * self.agent[0] + 1, 2 * self.agent[1] + 1] = "@"
         return "\n".join("".join(line) for line in grid)

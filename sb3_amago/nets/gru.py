@@ -51,7 +51,7 @@ class GRUTrajEncoder(TrajEncoder):
 
         The GRU runs in its parameters' dtype (CPU autocast leaves it in float32).
         """
-        dtype = self.gru.weight_ih_l0.dtype
+        dtype = next(self.gru.parameters()).dtype
         if hidden is not None:
             hidden = hidden.to(dtype)
         out, hidden = self.gru(x.to(dtype), hidden)

@@ -77,6 +77,8 @@ class CriticEnsemble(nn.Module, abc.ABC):
     :param gammas: ``(G,)`` the discount factors
     """
 
+    gamma_feat: th.Tensor
+
     def __init__(
         self, state_dim: int, encoded_dim: int, gammas: th.Tensor, n_critics: int = 4, hidden: tuple[int, ...] = (256, 256)
     ) -> None:

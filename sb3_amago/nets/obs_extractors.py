@@ -233,7 +233,7 @@ class AmagoExtractor(BaseFeaturesExtractor):
         encoders: dict[str, nn.Module] = {}
         total = 0
         for key, space in as_space_dict(observation_space).items():
-            if is_image_space(space):
+            if isinstance(space, spaces.Box) and is_image_space(space):
                 encoders[key] = ImageEncoder(space, cnn, cnn_features_dim)
                 total += cnn_features_dim
             elif self.is_dict and key in instruction_keys and isinstance(space, spaces.MultiDiscrete):
@@ -247,5 +247,5 @@ class AmagoExtractor(BaseFeaturesExtractor):
 
     def forward(self, observations: th.Tensor | dict[str, th.Tensor]) -> th.Tensor:
         """Preprocessed observations ``(B, ...)`` (or a dict of them) -> ``(B, features_dim)``"""
-        obs = observations if self.is_dict else {OBS_KEY: observations}
+        obs = observations if isinstance(observations, dict) else {OBS_KEY: observations}
         return th.cat([encoder(obs[key]) for key, encoder in self.encoders.items()], dim=1)

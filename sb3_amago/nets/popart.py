@@ -21,6 +21,12 @@ class PopArt(nn.Module):
     :param bias_correction: correct the rate for the statistics' zero start
     """
 
+    w: th.Tensor
+    b: th.Tensor
+    mu: th.Tensor
+    nu: th.Tensor
+    n_updates: th.Tensor
+
     def __init__(
         self, n_gammas: int, beta: float = 5e-4, init_nu: float = 100.0, trainable: bool = True, bias_correction: bool = True
     ) -> None:

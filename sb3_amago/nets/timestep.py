@@ -9,7 +9,7 @@ Pipeline for a batch of windows ``(B, L)``::
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -40,6 +40,10 @@ class RunningNorm(nn.Module):
     :param eps: added to the variance
     :param clip: normalised values are clipped to ``[-clip, clip]``
     """
+
+    mean: th.Tensor
+    var: th.Tensor
+    debias: th.Tensor
 
     def __init__(self, shape: tuple[int, ...], rate: float = 1e-4, eps: float = 1e-8, clip: float = 10.0) -> None:
         super().__init__()
@@ -135,7 +139,7 @@ class TimestepEncoder(nn.Module):
         self._start_buffers: dict[str, str] = {}
         for i, (key, space) in enumerate(self.obs_spaces.items()):
             if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-                start = np.asarray(space.start, dtype=np.int64).reshape(get_obs_shape(space))
+                start = np.asarray(space.start, dtype=np.int64).reshape(cast(tuple[int, ...], get_obs_shape(space)))
                 self._start_buffers[key] = f"obs_start_{i}"
                 self.register_buffer(self._start_buffers[key], th.as_tensor(start), persistent=False)
         extractor_kwargs = dict(features_extractor_kwargs or {})
@@ -158,7 +162,7 @@ class TimestepEncoder(nn.Module):
 
         :raises ValueError: if the extractor cannot take the image sizes
         """
-        images = {key: tuple(space.shape) for key, space in self.obs_spaces.items() if is_image_space(space)}
+        images = {key: tuple(space.shape or ()) for key, space in self.obs_spaces.items() if is_image_space(space)}
         try:
             extractor = extractor_class(self.observation_space, **kwargs)
             if images:
@@ -192,13 +196,13 @@ class TimestepEncoder(nn.Module):
         if is_dict != isinstance(obs, dict):
             expected = "a dict of tensors" if is_dict else "a tensor"
             raise ValueError(f"Observation: expected {expected} for {self.observation_space}, received {type(obs)}")
-        obs_dict = obs if is_dict else {OBS_KEY: obs}
+        obs_dict = obs if isinstance(obs, dict) else {OBS_KEY: obs}
         out = {}
         for key, space in self.obs_spaces.items():
             if key not in obs_dict:
                 raise ValueError(f"Observation key '{key}' is missing: expected keys {list(self.obs_spaces)}")
             x = obs_dict[key]
-            shape = (1,) if isinstance(space, spaces.Discrete) else tuple(space.shape)
+            shape = (1,) if isinstance(space, spaces.Discrete) else tuple(space.shape or ())
             accepted = [(batch, length, *shape)] + ([(batch, length)] if isinstance(space, spaces.Discrete) else [])
             if not isinstance(x, th.Tensor) or tuple(x.shape) not in accepted:
                 received = tuple(x.shape) if isinstance(x, th.Tensor) else type(x)
@@ -243,7 +247,8 @@ class TimestepEncoder(nn.Module):
         self._check_inputs(prev_actions, time_idx, real)
         obs_dict = self._validated_obs(obs, batch, length)
         real_rows = real.reshape(-1)  # (B * L,)
-        flat = {}
+        flat: dict[str, th.Tensor] = {}
+        embedding_dtype = next(self.mlp.parameters()).dtype
         for key, x in obs_dict.items():
             x = x.reshape(batch * length, *x.shape[2:])
             if key in self._start_buffers:
@@ -251,7 +256,9 @@ class TimestepEncoder(nn.Module):
             x = th.where(real_rows.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
             if key in self.obs_norms:
                 x = self.obs_norms[key](x, real_rows)
-            flat[key] = preprocess_obs(x, self.obs_spaces[key]).to(self.mlp[-1].weight.dtype)
+            processed = preprocess_obs(x, self.obs_spaces[key])
+            assert isinstance(processed, th.Tensor), "a part of a flat Dict preprocesses to one tensor"
+            flat[key] = processed.to(embedding_dtype)
         extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[OBS_KEY]
         features = self.features_extractor(extractor_input).reshape(batch, length, -1)  # (B, L, F)
         actions = self.action_features(prev_actions, time_idx).to(features.dtype)  # (B, L, A + 1)

@@ -21,6 +21,7 @@ O(n_layers * max_seq_len^2 * d_model) work per step for those envs only.
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch as th
 from torch import nn
@@ -216,7 +217,7 @@ class TransformerTrajEncoder(TrajEncoder):
         self.pos_emb_type = pos_emb
         self.max_time = max_time
         self.input_proj = nn.Linear(d_in, d_model)
-        self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" else None
+        self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" and max_time is not None else None
         self.emb_dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers))
         self.out_norm = nn.LayerNorm(d_model)
@@ -233,10 +234,11 @@ class TransformerTrajEncoder(TrajEncoder):
         if checked.numel() == 0:
             return
         low, high = (int(v) for v in th.stack([checked.min(), checked.max()]).tolist())
-        if low < 0 or high >= self.max_time:
+        size = self.pos_table.num_embeddings
+        if low < 0 or high >= size:
             raise ValueError(
                 f"Time index {low if low < 0 else high} is outside the learnable position table of size "
-                f"max_time={self.max_time} (valid indices 0..{self.max_time - 1}); build the encoder with a larger max_time"
+                f"max_time={size} (valid indices 0..{size - 1}); build the encoder with a larger max_time"
             )
 
     def _embed(self, x: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
@@ -245,7 +247,7 @@ class TransformerTrajEncoder(TrajEncoder):
         if self.pos_emb_type == "sinusoidal":
             return h + sinusoidal_embedding(time_idx, self.d_model).to(h.dtype)
         if self.pos_table is not None:
-            return h + self.pos_table(time_idx.clamp(0, self.max_time - 1)).to(h.dtype)
+            return h + self.pos_table(time_idx.clamp(0, self.pos_table.num_embeddings - 1)).to(h.dtype)
         return h
 
     def _rotary(self, time_idx: th.Tensor) -> Rotary:
@@ -303,7 +305,7 @@ class TransformerTrajEncoder(TrajEncoder):
             filled = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
             h = self.emb_dropout(emb)
             rotary = self._rotary(time_idx.unsqueeze(1))
-            for layer, block in enumerate(self.blocks):
+            for layer, block in enumerate(cast("list[TransformerBlock]", self.blocks)):
                 h = block.step(h, state.keys[layer], state.values[layer], slot, filled, rotary)
             out = self.out_norm(h)
         if n_full > 0:

@@ -32,7 +32,7 @@ from sb3_amago.nets import TransformerTrajEncoder
 D_MODEL, N_LAYERS, N_HEADS = 128, 3, 8
 FULL = {"contexts": [128, 1024, 8192], "n_envs": 16, "step_repeats": 20, "train_lengths": [256, 1024, 4096, 10000], "batch": 8}
 QUICK = {"contexts": [16, 32, 64], "n_envs": 4, "step_repeats": 3, "train_lengths": [32, 64], "batch": 2}
-# Expectations from the issue, checked on the full run.
+# The project's targets for the sequence models, checked on the full run.
 MAX_STEP_RATIO_1024_VS_128 = 3.0
 MIN_SPEEDUP_AT_8192 = 20.0
 MAX_TRAIN_MEMORY_GIB = 16.0
@@ -132,7 +132,7 @@ def bench_training(length: int, batch: int, threads: int) -> dict[str, float]:
 
 
 def checks(acting: list[dict], training: list[dict]) -> dict[str, dict]:
-    """The issue's expectations, evaluated where the run measured the sizes they name."""
+    """The targets above, evaluated where the run measured the sizes they name."""
     by_context = {row["context"]: row for row in acting}
     by_length = {row["length"]: row for row in training}
     out = {}

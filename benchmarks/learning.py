@@ -1,4 +1,4 @@
-"""Learning benchmark (issue 7): AMAGO against sb3-contrib's RecurrentPPO and a memoryless SB3 baseline
+"""Learning benchmark: AMAGO against sb3-contrib's RecurrentPPO and a memoryless SB3 baseline
 (DQN for discrete actions, SAC for continuous ones), same env-step budget and seeds for all three.
 
     python benchmarks/learning.py --quick              # 2 tasks x 3 algos x 2 seeds x 10,000 steps: learning_quick.*

@@ -192,7 +192,9 @@ def test_hyperparams_ship_in_the_wheel(tmp_path: Path) -> None:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("*.whl")
-    assert {"sb3_amago/hyperparams/amago.yml", "sb3_amago/zoo.py"} <= set(zipfile.ZipFile(wheel).namelist())
+    assert {"sb3_amago/hyperparams/amago.yml", "sb3_amago/zoo.py", "sb3_amago/py.typed"} <= set(
+        zipfile.ZipFile(wheel).namelist()
+    )
 
 
 def test_entries_cover_the_registered_envs() -> None:

@@ -301,8 +301,8 @@ class TanhGaussianAction(ActionType):
         return buffer_action
 
     def to_env(self, buffer_action: np.ndarray) -> np.ndarray:
-        unscaled = self.low + (0.5 * (buffer_action.astype(np.float64) + 1.0) * (self.high - self.low))
-        return unscaled.reshape(-1, *self.shape).astype(self.space.dtype)
+        scaled = buffer_action.astype(np.float64).reshape(-1, *self.shape)
+        return (self.low + (0.5 * (scaled + 1.0) * (self.high - self.low))).astype(self.space.dtype)
 
     def to_buffer(self, env_action: np.ndarray) -> np.ndarray:
         scaled = 2.0 * ((env_action - self.low) / (self.high - self.low)) - 1.0

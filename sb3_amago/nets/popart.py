@@ -63,7 +63,7 @@ class PopArt(nn.Module):
 
     @th.no_grad()
     def update_stats(self, target: th.Tensor, real: th.Tensor) -> None:
-        """Move the statistics towards the masked targets, keeping outputs unchanged.
+        """Move the statistics towards the real targets, keeping outputs unchanged.
 
         :param target: ``(..., G)`` TD targets
         :param real: ``(...)`` bool, which targets count

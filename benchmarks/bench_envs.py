@@ -58,7 +58,6 @@ CASES: list[BenchCase] = [
 ]
 
 
-
 def _steps_per_second(case: BenchCase, steps: int, repeats: int, seed: int) -> dict[str, Any]:
     """Best-of-``repeats`` steps/s of one case, with the episodes it finished."""
     env = gym.make(case.env_id, **case.kwargs)

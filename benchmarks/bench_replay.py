@@ -90,7 +90,7 @@ def main() -> None:
 
     buffer, fill_s = filled_buffer(config, args.device)
     times = sample_ms(buffer, args.batch_size, config["n_batches"])
-    steps_per_batch = float(buffer.sample(args.batch_size).mask.sum())
+    steps_per_batch = float(buffer.sample(args.batch_size).real.sum())
     median_s = float(np.median(times)) / 1e3
     figures = {
         "sample_ms_median": {"value": float(np.median(times)), "unit": "ms per batch"},

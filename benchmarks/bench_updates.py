@@ -1,6 +1,6 @@
 """Gradient updates per second, collection throughput and acting latency of AMAGO on CPU.
 
-Reference configuration (issue 4): batch 8 sequences, windows of L = 64 and L = 256, d_model 128,
+Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_model 128,
 3 layers, 8 heads, 4 critics, 19 discount factors, discrete actions, fp32. The original AMAGO
 implementation measured 9.6 updates/s at L = 64 and 2.8 at L = 256 on a 2-core machine of this
 kind (eager); the target is at least twice that. Also measured: env steps per second while

@@ -37,11 +37,11 @@ def updates_to_recall(scheme: str, seed: int, max_updates: int) -> int | None:
     params = [*encoder.parameters(), *readout.parameters()]
     optimizer = th.optim.AdamW(params, lr=1e-4, weight_decay=1e-3)
     time_idx = th.arange(LENGTH).repeat(BATCH, 1)
-    mask = th.ones(BATCH, LENGTH, dtype=th.bool)
+    real = th.ones(BATCH, LENGTH, dtype=th.bool)
     recent: list[float] = []
     for update in range(1, max_updates + 1):
         tokens = th.randint(N_TOKENS, (BATCH, LENGTH))
-        logits = readout(encoder(F.one_hot(tokens, N_TOKENS).float(), time_idx, mask))[:, LAG:]  # (B, L - LAG, N_TOKENS)
+        logits = readout(encoder(F.one_hot(tokens, N_TOKENS).float(), time_idx, real))[:, LAG:]  # (B, L - LAG, N_TOKENS)
         target = tokens[:, :-LAG]
         loss = F.cross_entropy(logits.reshape(-1, N_TOKENS), target.reshape(-1))
         optimizer.zero_grad()

@@ -51,13 +51,26 @@ def main() -> None:
         train_seconds += time.perf_counter() - start
         eval_env = make_vec_env("amago-TMaze-v0", n_envs=4, seed=100 + i, env_kwargs={"corridor_length": h})
         mean_return, _ = evaluate_policy(model, eval_env, n_eval_episodes=40)
-        curve.append({"env_steps": model.num_timesteps, "updates": model._n_updates, "train_s": train_seconds, "eval_return": mean_return})
+        curve.append(
+            {
+                "env_steps": model.num_timesteps,
+                "updates": model._n_updates,
+                "train_s": train_seconds,
+                "eval_return": mean_return,
+            }
+        )
         print(curve[-1], flush=True)
     solved = next((row for row in curve if row["eval_return"] >= 0.95), None)
     figures = {
-        "env_steps_to_solve": {"value": solved["env_steps"] if solved else float("nan"), "unit": "env steps (first eval >= 0.95)"},
+        "env_steps_to_solve": {
+            "value": solved["env_steps"] if solved else float("nan"),
+            "unit": "env steps (first eval >= 0.95)",
+        },
         "updates_to_solve": {"value": solved["updates"] if solved else float("nan"), "unit": "gradient updates"},
-        "train_seconds_to_solve": {"value": solved["train_s"] if solved else float("nan"), "unit": "s of training (eval excluded)"},
+        "train_seconds_to_solve": {
+            "value": solved["train_s"] if solved else float("nan"),
+            "unit": "s of training (eval excluded)",
+        },
         "final_eval_return": {"value": curve[-1]["eval_return"], "unit": "mean return over 40 episodes (1 = solved)"},
     }
     config = {"corridor_length": h, **{k: v for k, v in vars(args).items() if k != "corridor"}, "curve": curve}

@@ -28,14 +28,15 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.distributed import DataParallel
-from sb3_amago.loss import LossConfig, amago_loss
-from sb3_amago.nets.heads import action_nvec
+from sb3_amago.keys import PREV_REWARD_KEY
+from sb3_amago.loss import LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.wrappers import PREV_REWARD_KEY, FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
+from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
+DEFAULT_N_CRITICS = 4
 SUPPORTED_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
@@ -51,7 +52,8 @@ class AMAGO(OffPolicyAlgorithm):
         trajectory replay already stores each observation once
     :param max_seq_len: training window and acting context length
     :param multigammas: extra discount factors learned beside ``gamma``
-    :param n_critics: critics in the ensemble
+    :param n_critics: critics in the ensemble (``policy_kwargs=dict(n_critics=...)``, as SAC and TQC
+        take it, sets it too)
     :param n_target_critics: critics drawn (with replacement) whose min forms the TD target
     :param reward_multiplier: reward scale ``k`` in the TD target (10 by default; 100 for bounded sparse tasks)
     :param critic_weight: weight of the critic loss
@@ -59,6 +61,7 @@ class AMAGO(OffPolicyAlgorithm):
     :param bc_weight: weight of the filtered behaviour-cloning term
     :param filter_kind: "binary" or "exp"
     :param filter_beta: temperature of the "exp" filter
+    :param filter_clip: upper clip of the "exp" filter's weights
     :param max_grad_norm: gradient-norm clip
     :param warmup_steps: linear learning-rate warm-up (updates)
     :param epsilon_start: exploration at the start (epsilon-greedy / Gaussian noise std in [-1, 1] units)
@@ -101,7 +104,7 @@ class AMAGO(OffPolicyAlgorithm):
         optimize_memory_usage: bool = False,
         max_seq_len: int = 64,
         multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
-        n_critics: int = 4,
+        n_critics: int = DEFAULT_N_CRITICS,
         n_target_critics: int = 2,
         reward_multiplier: float = 10.0,
         critic_weight: float = 10.0,
@@ -109,6 +112,7 @@ class AMAGO(OffPolicyAlgorithm):
         bc_weight: float = 0.1,
         filter_kind: str = "binary",
         filter_beta: float = 1.0,
+        filter_clip: float = 100.0,
         max_grad_norm: float = 1.0,
         warmup_steps: int = 500,
         epsilon_start: float = 1.0,
@@ -129,10 +133,11 @@ class AMAGO(OffPolicyAlgorithm):
     ) -> None:
         if env is None and _init_setup_model:
             raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
+        policy_kwargs, n_critics = critics_from_policy_kwargs(policy_kwargs, n_critics)
         for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if hasattr(env, "observation_space"):
+        if env is not None and not isinstance(env, str):
             check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
         check_discounts(gamma, multigammas)
         if not 0.0 <= float(tau) <= 1.0:
@@ -142,7 +147,7 @@ class AMAGO(OffPolicyAlgorithm):
             )
         super().__init__(
             policy,
-            env,
+            env,  # type: ignore[arg-type]  # None only where SB3's load builds the model before setting its env
             learning_rate,
             buffer_size,
             learning_starts,
@@ -177,6 +182,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.n_target_critics = n_target_critics
         self.filter_kind = filter_kind
         self.filter_beta = filter_beta
+        self.filter_clip = filter_clip
         _ = self.loss_config  # building it validates the loss settings now, not at the first update
         self.max_grad_norm = max_grad_norm
         self.warmup_steps = warmup_steps
@@ -215,6 +221,7 @@ class AMAGO(OffPolicyAlgorithm):
             n_target_critics=self.n_target_critics,
             filter_kind=self.filter_kind,
             filter_beta=self.filter_beta,
+            filter_clip=self.filter_clip,
         )
 
     @property
@@ -365,16 +372,9 @@ class AMAGO(OffPolicyAlgorithm):
         if self.rollout_exploration_horizon:
             t = state.time_idx.to(action.dtype) / self.rollout_exploration_horizon
             eps = eps * (1.0 - 0.95 * t.clamp(max=1.0))
-        eps = eps.unsqueeze(-1)
-        if isinstance(self.action_space, spaces.Box):
-            return (action + eps * th.randn_like(action)).clamp(-1.0, 1.0)
-        high = th.as_tensor(action_nvec(self.action_space), dtype=action.dtype, device=action.device)
-        random_action = th.floor(th.rand_like(action) * high)
-        return th.where(th.rand_like(action) < eps, random_action, action)
+        return self.policy.action_type.explore(action, eps.unsqueeze(-1))
 
-    def _sample_action(
-        self, learning_starts: int, action_noise: Any = None, n_envs: int = 1
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _sample_action(self, learning_starts: int, action_noise: Any = None, n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Step every env's context with the new observation, then act: uniformly at random before
         ``learning_starts``, else from the main-gamma policy with exploration."""
         assert self._collect_state is not None and self._last_obs is not None
@@ -392,11 +392,7 @@ class AMAGO(OffPolicyAlgorithm):
 
     def _to_buffer_action(self, env_action: np.ndarray) -> th.Tensor:
         """Env-format actions -> the buffer representation ``(N, d)`` float tensor."""
-        if isinstance(self.action_space, spaces.Box):
-            action = self.policy.scale_action(env_action)
-        else:
-            action = env_action
-        return th.as_tensor(np.asarray(action, dtype=np.float32).reshape(len(env_action), -1), device=self.device)
+        return th.as_tensor(self.policy.action_type.to_buffer(env_action), device=self.device)
 
     def _store_transition(
         self,
@@ -456,11 +452,14 @@ class AMAGO(OffPolicyAlgorithm):
                 group["lr"] = self.lr_schedule(self._current_progress_remaining) * warmup
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             with autocast:
-                loss, stats = amago_loss(self.policy, batch, loss_config, encode=self._encode)
+                states = self._encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
+                target = target_values(self.policy, batch, states, loss_config)  # (B, L, G)
+                self.policy.popart.update_stats(target, batch.real[:, 1:])
+                loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self._dist is not None:
-                self._dist.average_gradients(params, n_valid=batch.mask[:, 1:].sum())
+                self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             optimizer.step()
             self.policy.update_targets(self.tau)
@@ -589,7 +588,7 @@ class AMAGO(OffPolicyAlgorithm):
     def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
         """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
         if not isinstance(buffer, TrajectoryReplayBuffer):
-            raise ValueError(  # noqa: TRY004 (the file's content is wrong, not an argument's type)
+            raise ValueError(
                 f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
                 "load a replay saved by AMAGO.save_replay_buffer."
             )
@@ -611,10 +610,19 @@ class AMAGO(OffPolicyAlgorithm):
                 )
 
     @classmethod
-    def load(cls: type[SelfAMAGO], path: str | pathlib.Path | Any, env: GymEnv | None = None, device: th.device | str = "auto", **kwargs: Any) -> SelfAMAGO:
+    def load(
+        cls: type[SelfAMAGO],
+        path: str | pathlib.Path | Any,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfAMAGO:
         """SB3's load, with clear errors for files that are not AMAGO models."""
         try:
-            data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=kwargs.get("custom_objects"))
+            data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=custom_objects)
         except (zipfile.BadZipFile, EOFError, KeyError, RuntimeError, ValueError) as exc:
             raise ValueError(f"{path} is not a readable SB3 model file ({exc}); it may be corrupted or truncated.") from exc
         if data is None or "policy_class" not in data:
@@ -625,7 +633,15 @@ class AMAGO(OffPolicyAlgorithm):
             raise ValueError(
                 f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
             )
-        model = super().load(path, env=env, device=device, **kwargs)
+        model = super().load(
+            path,
+            env=env,
+            device=device,
+            custom_objects=custom_objects,
+            print_system_info=print_system_info,
+            force_reset=force_reset,
+            **kwargs,
+        )
         run_state = model.__dict__.pop("_run_state", None)
         if run_state is not None:
             model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model
@@ -639,7 +655,7 @@ def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
     if isinstance(value, th.Tensor):
         return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
+        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **fields)
     if isinstance(value, (tuple, list)):
         return type(value)(_map_tensors(v, fn) for v in value)
@@ -684,6 +700,24 @@ def _sigterm_raises_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:
+    """``policy_kwargs`` without ``n_critics``, and the number of critics: the one in ``policy_kwargs``
+    (where SAC / TQC users put it) if given, else AMAGO's ``n_critics`` argument.
+
+    :raises ValueError: if both are given, differently (``n_critics`` other than its default 4)
+    """
+    if not policy_kwargs or "n_critics" not in policy_kwargs:
+        return policy_kwargs, n_critics
+    rest = {key: value for key, value in policy_kwargs.items() if key != "n_critics"}
+    in_kwargs = policy_kwargs["n_critics"]
+    if n_critics != DEFAULT_N_CRITICS and n_critics != in_kwargs:
+        raise ValueError(
+            f"n_critics={n_critics} and policy_kwargs n_critics={in_kwargs} disagree: give the number of critics once, "
+            "either as AMAGO's n_critics argument or in policy_kwargs."
+        )
+    return rest, in_kwargs
 
 
 def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
@@ -732,4 +766,3 @@ def check_observation_space(space: spaces.Space) -> None:
                 "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
                 "this part into one of them (or drop it)."
             )
-

@@ -2,7 +2,7 @@
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch as th
@@ -11,6 +11,7 @@ from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.vec_env import VecNormalize
 
+from sb3_amago.keys import OBS_KEY
 from sb3_amago.relabel import Relabeler, Rollout
 from sb3_amago.type_aliases import TrajectoryBatch
 from sb3_amago.wrappers import is_structured
@@ -20,8 +21,6 @@ try:
 except ImportError:  # pragma: no cover
     psutil = None
 
-# Storage key of a non-Dict observation.
-_SINGLE_KEY = "observation"
 # Version of the pickled layout (attributes and array meanings); a saved buffer records it and
 # AMAGO.load_replay_buffer refuses files of another version. Raise it when the layout changes.
 REPLAY_FORMAT_VERSION = 1
@@ -52,6 +51,17 @@ def _check_values(name: str, value: np.ndarray, space: spaces.Space) -> None:
         )
 
 
+class _Store(NamedTuple):
+    """The storage arrays once allocated, each ``(buffer_size, n_envs, ...)``."""
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    dones: np.ndarray
+    timeouts: np.ndarray
+    time_steps: np.ndarray
+
+
 @dataclass
 class _Windows:
     """A batch of windows in numpy, the fields and shapes of :class:`TrajectoryBatch`."""
@@ -63,7 +73,7 @@ class _Windows:
     terminated: np.ndarray
     truncated: np.ndarray
     time_idx: np.ndarray
-    mask: np.ndarray
+    real: np.ndarray
 
 
 class TrajectoryReplayBuffer(ReplayBuffer):
@@ -147,10 +157,10 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.sample_by_length = sample_by_length
         self.relabeler = relabeler
         self._obs_spaces: dict[str, spaces.Space] = (
-            dict(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else {_SINGLE_KEY: observation_space}
+            dict(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else {OBS_KEY: observation_space}
         )
         shapes = get_obs_shape(observation_space)
-        self._obs_shapes: dict[str, tuple[int, ...]] = shapes if isinstance(shapes, dict) else {_SINGLE_KEY: shapes}
+        self._obs_shapes: dict[str, tuple[int, ...]] = shapes if isinstance(shapes, dict) else {OBS_KEY: shapes}
         self._action_dtype = self._maybe_cast_dtype(action_space.dtype)
         hidden: tuple[str, ...] = ()
         if relabeler is not None:
@@ -162,20 +172,21 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ storage
 
-    @property
-    def observations(self) -> np.ndarray | dict[str, np.ndarray] | None:
+    @property  # SB3's buffers hold an array here; this one allocates at the first add
+    def observations(self) -> np.ndarray | dict[str, np.ndarray] | None:  # type: ignore[override]
         """``(buffer_size, n_envs, *obs_shape)``, or a dict of such arrays; None before the first add."""
         if self._obs is None or isinstance(self.observation_space, spaces.Dict):
             return self._obs
-        return self._obs[_SINGLE_KEY]
+        return self._obs[OBS_KEY]
 
     def reset(self) -> None:
         """Drop every rollout and free the storage."""
+        # Allocated at the first add (SB3's buffers declare them as arrays from the start).
         self._obs: dict[str, np.ndarray] | None = None
-        self.actions: np.ndarray | None = None
-        self.rewards: np.ndarray | None = None
-        self.dones: np.ndarray | None = None
-        self.timeouts: np.ndarray | None = None
+        self.actions: np.ndarray | None = None  # type: ignore[assignment]
+        self.rewards: np.ndarray | None = None  # type: ignore[assignment]
+        self.dones: np.ndarray | None = None  # type: ignore[assignment]
+        self.timeouts: np.ndarray | None = None  # type: ignore[assignment]
         self.time_steps: np.ndarray | None = None
         # Per env column: absolute index (counting every row ever written) of its newest row,
         # the time index of the observation there, and the table entry of its running rollout.
@@ -185,8 +196,9 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         # Rollout table: column, absolute first row, absolute end row (exclusive).
         self._table = np.zeros((0, 3), dtype=np.int64)
         self._n_table = 0
-        self.pos = np.zeros(self.n_envs, dtype=np.int64)
-        self.full = np.zeros(self.n_envs, dtype=bool)
+        # Per env column (SB3's buffers keep one int and one bool for all columns).
+        self.pos = np.zeros(self.n_envs, dtype=np.int64)  # type: ignore[assignment]
+        self.full = np.zeros(self.n_envs, dtype=bool)  # type: ignore[assignment]
 
     def _allocate(self) -> None:
         rows = (self.buffer_size, self.n_envs)
@@ -201,6 +213,13 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 f"The replay buffer needs {self.nbytes() / 1e9:.2f} GB, more than the "
                 f"{psutil.virtual_memory().available / 1e9:.2f} GB of memory available"
             )
+
+    def _store(self) -> _Store:
+        """The storage arrays, allocated at the first add (a RuntimeError before it)."""
+        if self._obs is None or self.actions is None or self.rewards is None:
+            raise RuntimeError("The replay buffer holds no steps yet: add steps first.")
+        assert self.dones is not None and self.timeouts is not None and self.time_steps is not None
+        return _Store(self._obs, self.actions, self.rewards, self.dones, self.timeouts, self.time_steps)
 
     def nbytes(self) -> int:
         """Bytes held by the storage and the rollout table (0 before the first add)."""
@@ -221,10 +240,10 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 raise ValueError(f"{name} lacks the keys {missing}")
             items = {key: obs[key] for key in self._obs_spaces}
         else:
-            items = {_SINGLE_KEY: obs}
+            items = {OBS_KEY: np.asarray(obs)}
         validated = {}
         for key, value in items.items():
-            label = name if key == _SINGLE_KEY and len(items) == 1 else f"{name}['{key}']"
+            label = name if key == OBS_KEY and len(items) == 1 else f"{name}['{key}']"
             value = np.asarray(value)
             shape = (self.n_envs, *self._obs_shapes[key])
             if isinstance(self._obs_spaces[key], spaces.Discrete) and value.size == self.n_envs:
@@ -292,33 +311,34 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         obs_, next_obs_, action, reward, done, timeout = self._validated(obs, next_obs, action, reward, done, infos)
         if self._obs is None:
             self._allocate()
+        store = self._store()
         envs = np.arange(self.n_envs)
         self._close_broken_streams(obs_)
         starting = self._running < 0
         rows = np.where(starting, self._head + 1, self._head)
         self._time[starting] = 0
         for env in np.flatnonzero(starting):
-            self._running[env] = self._new_rollout(env, rows[env])
+            self._running[env] = self._new_rollout(int(env), int(rows[env]))
         here, after = rows % self.buffer_size, (rows + 1) % self.buffer_size
-        for key, store in self._obs.items():
-            store[here, envs] = obs_[key]
-            store[after, envs] = next_obs_[key]
-        self.actions[here, envs] = action
-        self.rewards[here, envs] = reward
-        self.dones[here, envs] = done
-        self.timeouts[here, envs] = timeout
-        self.time_steps[here, envs] = self._time
-        self.actions[after, envs] = 0
-        self.rewards[after, envs] = 0.0
-        self.dones[after, envs] = False
-        self.timeouts[after, envs] = False
-        self.time_steps[after, envs] = self._time + 1
+        for key, array in store.obs.items():
+            array[here, envs] = obs_[key]
+            array[after, envs] = next_obs_[key]
+        store.actions[here, envs] = action
+        store.rewards[here, envs] = reward
+        store.dones[here, envs] = done
+        store.timeouts[here, envs] = timeout
+        store.time_steps[here, envs] = self._time
+        store.actions[after, envs] = 0
+        store.rewards[after, envs] = 0.0
+        store.dones[after, envs] = False
+        store.timeouts[after, envs] = False
+        store.time_steps[after, envs] = self._time + 1
         self._head = rows + 1
         self._time += 1
         self._table[self._running, 2] = self._head + 1
         self._running[done] = -1
-        self.pos = (self._head + 1) % self.buffer_size
-        self.full = self._head + 1 >= self.buffer_size
+        self.pos = (self._head + 1) % self.buffer_size  # type: ignore[assignment]  # per column, see reset
+        self.full = self._head + 1 >= self.buffer_size  # type: ignore[assignment]
 
     def end_running_rollouts(self) -> None:
         """End every env's running rollout where it stands, unfinished (the envs are restarting):
@@ -330,10 +350,11 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         running = np.flatnonzero(self._running >= 0)
         if len(running) == 0:
             return
+        store = self._store()
         here = self._head[running] % self.buffer_size
         same = np.ones(len(running), dtype=bool)
-        for key, store in self._obs.items():
-            stored = store[here, running]
+        for key, array in store.obs.items():
+            stored = array[here, running]
             given = obs[key][running].astype(stored.dtype)
             same &= (stored == given).reshape(len(running), -1).all(axis=1)
         self._running[running[~same]] = -1
@@ -411,36 +432,38 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         steps = np.arange(-1, int(length.max()))
         rows = (starts[:, None] + np.minimum(steps, length[:, None] - 1)) % self.buffer_size
         col = cols[:, None]
-        time_idx = self.time_steps[rows[:, 1:], col].astype(np.int64)
+        store = self._store()
+        time_idx = store.time_steps[rows[:, 1:], col].astype(np.int64)
         started = time_idx > 0
-        actions = self.actions[rows, col].astype(np.float32)
+        actions = store.actions[rows, col].astype(np.float32)
         before = rows[:, :-1]
-        done = self.dones[before, col] & started
-        timeout = self.timeouts[before, col]
+        done = store.dones[before, col] & started
+        timeout = store.timeouts[before, col]
         return _Windows(
-            observations={key: self._obs[key][rows[:, 1:], col] for key in keys},
+            observations={key: store.obs[key][rows[:, 1:], col] for key in keys},
             actions=actions[:, 1:],
             prev_actions=actions[:, :-1] * started[..., None],
-            rewards=self.rewards[before, col] * started,
+            rewards=store.rewards[before, col] * started,
             terminated=(done & ~timeout).astype(np.float32),
             truncated=(done & timeout).astype(np.float32),
             time_idx=time_idx,
-            mask=steps[None, 1:] < length[:, None],
+            real=steps[None, 1:] < length[:, None],
         )
 
     def _read_rollout(self, col: int, first_row: int, n_obs: int, keys: list[str]) -> Rollout:
         """A copy of the ``n_obs`` rows of a rollout from ``first_row``, with the observation ``keys``."""
         rows = (first_row + np.arange(n_obs)) % self.buffer_size
+        store = self._store()
         last = rows[-2] if n_obs > 1 else rows[-1]
-        ended = n_obs > 1 and bool(self.dones[last, col])
-        timeout = bool(self.timeouts[last, col])
+        ended = n_obs > 1 and bool(store.dones[last, col])
+        timeout = bool(store.timeouts[last, col])
         return Rollout(
-            observations={key: self._obs[key][rows, col] for key in keys},
-            actions=self.actions[rows[:-1], col],
-            rewards=self.rewards[rows[:-1], col],
+            observations={key: store.obs[key][rows, col] for key in keys},
+            actions=store.actions[rows[:-1], col],
+            rewards=store.rewards[rows[:-1], col],
             terminated=ended and not timeout,
             truncated=ended and timeout,
-            start_time=int(self.time_steps[rows[0], col]),
+            start_time=int(store.time_steps[rows[0], col]),
         )
 
     @staticmethod
@@ -477,13 +500,14 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         windows = self._gather(cols, first_rows + offsets, length, [key for key in visible if key not in relabel_keys])
         for key in visible:
             if key in relabel_keys:
-                store = self._obs[key]
+                store = self._store().obs[key]
                 windows.observations[key] = np.zeros((len(cols), int(length.max()), *store.shape[2:]), dtype=store.dtype)
         for index, rollout in enumerate(rollouts):
             self._write_rollout(windows, index, rollout, int(offsets[index]), int(length[index]))
         return windows
 
-    def sample(self, batch_size: int, env: VecNormalize | None = None) -> TrajectoryBatch:
+    # Windows of whole rollouts, not SB3's batches of single transitions.
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> TrajectoryBatch:  # type: ignore[override]
         """Draw ``batch_size`` windows (see the class docstring for the alignment).
 
         :param batch_size: ``B``
@@ -512,11 +536,11 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         observations: dict[str, np.ndarray] = windows.observations
         if env is not None:
             if isinstance(self.observation_space, spaces.Dict):
-                observations = self._normalize_obs(observations, env)
+                observations = cast(dict[str, np.ndarray], self._normalize_obs(observations, env))
             else:
-                observations = {_SINGLE_KEY: self._normalize_obs(observations[_SINGLE_KEY], env)}
+                observations = {OBS_KEY: cast(np.ndarray, self._normalize_obs(observations[OBS_KEY], env))}
         rewards = self._normalize_reward(windows.rewards, env)
-        padding = ~windows.mask
+        padding = ~windows.real
         arrays = [
             *observations.values(),
             windows.actions,
@@ -534,12 +558,12 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
         obs_tensors = {key: to_device(value) for key, value in observations.items()}
         return TrajectoryBatch(
-            observations=obs_tensors if isinstance(self.observation_space, spaces.Dict) else obs_tensors[_SINGLE_KEY],
+            observations=obs_tensors if isinstance(self.observation_space, spaces.Dict) else obs_tensors[OBS_KEY],
             actions=to_device(windows.actions),
             prev_actions=to_device(windows.prev_actions),
             rewards=to_device(rewards),
             terminated=to_device(windows.terminated),
             truncated=to_device(windows.truncated),
             time_idx=to_device(windows.time_idx),
-            mask=to_device(windows.mask),
+            real=to_device(windows.real),
         )

@@ -117,16 +117,16 @@ class DataParallel:
                 )
 
     @th.no_grad()
-    def average_gradients(self, params: list[th.nn.Parameter], n_valid: th.Tensor) -> None:
+    def average_gradients(self, params: list[th.nn.Parameter], n_real: th.Tensor) -> None:
         """Replace each rank's gradients by those of the loss over the union of all ranks' batches.
 
-        The loss averages over a batch's real (non-padding) steps, ``n_valid`` here, so a rank's
+        The loss averages over a batch's real (non-padding) steps, ``n_real`` here, so a rank's
         gradient is its step sum divided by its own count; the union's gradient is the sum of
-        ``n_valid * gradient`` over ranks divided by the total count (a plain mean of the ranks'
+        ``n_real * gradient`` over ranks divided by the total count (a plain mean of the ranks'
         gradients would weigh a rank with more padding too much). One all-reduce carries the
         weighted gradients, the counts, and which parameters have a gradient on some rank.
         """
-        count = n_valid.detach().to(self.comm_device, th.float32).reshape(1)
+        count = n_real.detach().to(self.comm_device, th.float32).reshape(1)
         parts = [
             (p.grad.to(self.comm_device, th.float32) * count).reshape(-1)
             if p.grad is not None

@@ -16,8 +16,6 @@ step. The rollout terminates when the last goal of the instruction is completed.
 
 import numpy as np
 
-INSTRUCTION_KEY = "instruction"
-ACHIEVED_KEY = "achieved"
 EMPTY_GOAL = 0
 
 

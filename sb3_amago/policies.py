@@ -7,22 +7,24 @@ target copy of the sequence model). Acting carries a per-env context, :class:`Am
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
-from sb3_amago.nets import make_traj_encoder
-from sb3_amago.nets.heads import ActorHead, CriticEnsemble, action_nvec
+from sb3_amago.distributions import ActorOutput, make_action_type
+from sb3_amago.keys import OBS_KEY, PREV_REWARD_KEY, TRIAL_RESET_KEY
+from sb3_amago.nets import TrajEncoder, TransformerTrajEncoder, traj_encoder_class
+from sb3_amago.nets.heads import ActorHead
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
-from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, flat_dict_obs
+from sb3_amago.wrappers import flat_dict_obs
 
 
 @dataclass
@@ -32,11 +34,16 @@ class AmagoState:
     encoder_state: the trajectory encoder's per-env state (key/value cache, hidden vector, ...)
     prev_action: ``(N, action_dim)`` the last action taken, in the replay buffer's representation
     time_idx: ``(N,)`` int64, the time index of the next observation within its rollout
+    spent: True once ``predict`` has advanced from this state. The sequence model's cache is
+        updated in place (copying it every step would cost as much as the step), so a spent state
+        no longer describes its envs and ``predict`` refuses it; ``copy.deepcopy`` a state to
+        branch from it.
     """
 
     encoder_state: Any
     prev_action: th.Tensor
     time_idx: th.Tensor
+    spent: bool = field(default=False, init=False, compare=False)
 
     @property
     def n_envs(self) -> int:
@@ -52,7 +59,7 @@ class TransformerPolicy(BasePolicy):
     :param gammas: discount factors, the main one last (the policy acts with the last head)
     :param max_seq_len: training window length
     :param n_critics: critics in the ensemble
-    :param traj_encoder: "transformer", "gru" or "ff"
+    :param traj_encoder: "transformer", "gru", "ff", or a :class:`~sb3_amago.nets.TrajEncoder` subclass
     :param traj_encoder_kwargs: sizes of the sequence model (e.g. ``d_model``, ``n_layers``)
     :param d_embed: size of each timestep embedding
     :param timestep_encoder_kwargs: e.g. ``hidden_sizes``, ``normalize_obs``, ``instruction_keys``
@@ -70,6 +77,8 @@ class TransformerPolicy(BasePolicy):
     :param optimizer_kwargs: its keyword arguments (default ``weight_decay=1e-3``)
     """
 
+    gamma_values: th.Tensor
+
     def __init__(
         self,
         observation_space: spaces.Space,
@@ -78,7 +87,7 @@ class TransformerPolicy(BasePolicy):
         gammas: tuple[float, ...] = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995, 0.999),
         max_seq_len: int = 64,
         n_critics: int = 4,
-        traj_encoder: str = "transformer",
+        traj_encoder: str | type[TrajEncoder] = "transformer",
         traj_encoder_kwargs: dict[str, Any] | None = None,
         d_embed: int = 256,
         timestep_encoder_kwargs: dict[str, Any] | None = None,
@@ -96,26 +105,27 @@ class TransformerPolicy(BasePolicy):
             optimizer_kwargs = {"weight_decay": 1e-3, "foreach": True}
         if features_extractor_class is None:
             features_extractor_kwargs = default_extractor_kwargs(features_extractor_kwargs or {})
+        action_type = make_action_type(action_space)
         super().__init__(
             observation_space,
             action_space,
-            features_extractor_class=features_extractor_class,  # type: ignore[arg-type]
+            features_extractor_class=features_extractor_class,
             features_extractor_kwargs=features_extractor_kwargs,
             optimizer_class=optimizer_class,
             optimizer_kwargs=optimizer_kwargs,
             normalize_images=normalize_images,
-            squash_output=isinstance(action_space, spaces.Box),
+            squash_output=action_type.squash_output,
         )
+        self.action_type = action_type
         self.gammas = tuple(float(g) for g in gammas)
         self.max_seq_len = max_seq_len
         self.n_critics = n_critics
-        self.traj_encoder_name = traj_encoder
+        self.traj_encoder_class = traj_encoder_class(traj_encoder)
         self.traj_encoder_kwargs = dict(traj_encoder_kwargs or {})
         self.d_embed = d_embed
         self.timestep_encoder_kwargs = dict(timestep_encoder_kwargs or {})
         self.actor_hidden, self.critic_hidden = head_sizes(net_arch, actor_hidden, critic_hidden)
         self.popart_kwargs = dict(popart_kwargs or {})
-        self.buffer_action_dim = get_action_dim(action_space)
         self._check_position_table()
         self._build(lr_schedule)
 
@@ -123,7 +133,7 @@ class TransformerPolicy(BasePolicy):
         """A learnable position table must cover the time indices of a whole training window."""
         kwargs = self.traj_encoder_kwargs
         max_time = kwargs.get("max_time")
-        learnable = self.traj_encoder_name == "transformer" and kwargs.get("pos_emb") == "learnable"
+        learnable = issubclass(self.traj_encoder_class, TransformerTrajEncoder) and kwargs.get("pos_emb") == "learnable"
         if learnable and max_time is not None and max_time < self.max_seq_len + 1:
             raise ValueError(
                 f"policy_kwargs traj_encoder_kwargs max_time={max_time} (the learnable position table's rows) is "
@@ -142,18 +152,17 @@ class TransformerPolicy(BasePolicy):
         )
         # Training windows hold max_seq_len + 1 steps (the last one only bootstraps), and acting
         # keeps the same context length so that both see the same windows.
-        self.traj_encoder = make_traj_encoder(
-            self.traj_encoder_name, self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs
-        )
+        self.traj_encoder = self.traj_encoder_class(self.d_embed, self.max_seq_len + 1, **self.traj_encoder_kwargs)
         state_dim = self.traj_encoder.out_dim
         n_gammas = len(self.gammas)
-        self.actor = ActorHead(state_dim, self.action_space, n_gammas, self.actor_hidden)
-        self.critics = CriticEnsemble(state_dim, self.action_space, th.tensor(self.gammas), self.n_critics, self.critic_hidden)
+        self.actor = ActorHead(state_dim, self.action_type, n_gammas, self.actor_hidden)
+        self.critics = self.action_type.make_critics(state_dim, th.tensor(self.gammas), self.n_critics, self.critic_hidden)
         self.popart = PopArt(n_gammas, **self.popart_kwargs)
         self.register_buffer("gamma_values", th.tensor(self.gammas, dtype=th.float32))
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critics_target = copy.deepcopy(self.critics).requires_grad_(False)
-        self.optimizer = self.optimizer_class(self.online_parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+        # Any torch optimizer that takes lr, as SB3 builds its policies' optimizers.
+        self.optimizer = self.optimizer_class(self.online_parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
 
     def online_parameters(self) -> list[th.nn.Parameter]:
         """Every trained parameter (all but the EMA target heads)."""
@@ -174,7 +183,7 @@ class TransformerPolicy(BasePolicy):
             gammas=self.gammas,
             max_seq_len=self.max_seq_len,
             n_critics=self.n_critics,
-            traj_encoder=self.traj_encoder_name,
+            traj_encoder=self.traj_encoder_class,
             traj_encoder_kwargs=self.traj_encoder_kwargs,
             d_embed=self.d_embed,
             timestep_encoder_kwargs=self.timestep_encoder_kwargs,
@@ -189,10 +198,10 @@ class TransformerPolicy(BasePolicy):
     # ----------------------------------------------------------------------------------------
     # Training-side forward
     # ----------------------------------------------------------------------------------------
-    def encode(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, mask: th.Tensor) -> th.Tensor:
+    def encode(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
         """Whole windows -> states ``(B, L, D)``: one pass of the shared sequence model."""
-        emb = self.timestep_encoder(obs, prev_actions, time_idx, mask)  # (B, L, d_embed)
-        return self.traj_encoder(emb, time_idx, mask)
+        emb = self.timestep_encoder(obs, prev_actions, time_idx, real)  # (B, L, d_embed)
+        return self.traj_encoder(emb, time_idx, real)
 
     # ----------------------------------------------------------------------------------------
     # Acting
@@ -201,7 +210,7 @@ class TransformerPolicy(BasePolicy):
         """A fresh context for ``n_envs`` envs (no step seen)."""
         return AmagoState(
             encoder_state=self.traj_encoder.init_state(n_envs, self.device),
-            prev_action=th.zeros(n_envs, self.buffer_action_dim, device=self.device),
+            prev_action=th.zeros(n_envs, self.action_type.action_dim, device=self.device),
             time_idx=th.zeros(n_envs, dtype=th.long, device=self.device),
         )
 
@@ -230,36 +239,19 @@ class TransformerPolicy(BasePolicy):
         seq_obs = {k: v.unsqueeze(1) for k, v in obs.items()} if isinstance(obs, dict) else obs.unsqueeze(1)
         emb = self.timestep_encoder(seq_obs, state.prev_action.unsqueeze(1), state.time_idx.unsqueeze(1), ones)
         hidden, encoder_state = self.traj_encoder.step(emb[:, 0], state.time_idx, state.encoder_state)
-        out = self.actor(hidden)
-        main = tuple(o[:, -1] for o in out) if isinstance(out, tuple) else out[:, -1]
-        return main, replace(state, encoder_state=encoder_state)
+        return self.action_type.select_gamma(self.actor(hidden), -1), replace(state, encoder_state=encoder_state)
 
     def commit_action(self, state: AmagoState, action: th.Tensor) -> AmagoState:
         """Record the action taken (buffer representation ``(N, action_dim)``) and move time on."""
         return replace(state, prev_action=action.to(state.prev_action.dtype), time_idx=state.time_idx + 1)
 
-    def select_action(self, actor_out: Any, deterministic: bool) -> th.Tensor:
+    def select_action(self, actor_out: ActorOutput, deterministic: bool) -> th.Tensor:
         """Actor output for one gamma -> actions in the buffer representation ``(N, action_dim)``."""
-        if isinstance(self.action_space, spaces.Box):
-            mean, log_std = actor_out
-            if deterministic:
-                return th.tanh(mean)
-            return th.tanh(mean + log_std.exp() * th.randn_like(mean))
-        picks = []
-        for probs in actor_out.split(action_nvec(self.action_space), dim=-1):
-            picks.append(probs.argmax(-1) if deterministic else th.multinomial(probs, 1).squeeze(-1))
-        return th.stack(picks, dim=-1).float()
+        return self.action_type.sample(actor_out, deterministic)
 
     def to_env_action(self, buffer_action: th.Tensor) -> np.ndarray:
         """Buffer representation -> what ``env.step`` takes: ``(N,)`` ints, ``(N, d)`` ints, or Box values."""
-        action = buffer_action.cpu().numpy()
-        if isinstance(self.action_space, spaces.Discrete):
-            return action[:, 0].astype(np.int64)
-        if isinstance(self.action_space, spaces.MultiDiscrete):
-            return action.astype(np.int64).reshape(-1, *self.action_space.shape)
-        assert isinstance(self.action_space, spaces.Box)
-        unscaled = self.unscale_action(action.astype(np.float64))
-        return unscaled.reshape(-1, *self.action_space.shape).astype(self.action_space.dtype)
+        return self.action_type.to_env(buffer_action.cpu().numpy())
 
     def prepare_observation(self, observation: Any) -> Any:
         """Accept observations as the user's env emits them: tuples and nested dicts are flattened
@@ -308,10 +300,12 @@ class TransformerPolicy(BasePolicy):
         """Act on raw env observations, carrying each env's context in ``state``.
 
         :param observation: one observation or a batch of ``N`` (vectorised env)
-        :param state: the state returned by the previous call; ``None`` starts fresh contexts
+        :param state: the state returned by the previous call; ``None`` starts fresh contexts. The
+            call advances the context in place: the state passed in is spent (see :class:`AmagoState`)
         :param episode_start: ``(N,)`` bool, envs whose rollout starts with this observation
         :param deterministic: act with the mode of the main-gamma policy
         :return: actions in the env's format, and the state to pass next time
+        :raises ValueError: for a state already passed to an earlier call
         """
         self.set_training_mode(False)
         if (
@@ -333,6 +327,13 @@ class TransformerPolicy(BasePolicy):
                 "state must be None or the AmagoState returned by the previous predict call for the same number of envs "
                 f"({n_envs} observations given)."
             )
+        elif state.spent:
+            raise ValueError(
+                "This state was already passed to predict, which advanced its context in place: pass the state returned "
+                "by the latest predict call (copy.deepcopy a state before the call to act twice from the same context)."
+            )
+        else:
+            state.spent = True
         if episode_start is not None:
             state = self.reset_state(state, episode_start)
         with th.no_grad():
@@ -364,7 +365,7 @@ def batch_size(obs: TensorObs) -> int:
 
 def check_finite_obs(obs: TensorObs) -> None:
     """Raise on NaN or infinite observation entries, naming the key."""
-    items = obs.items() if isinstance(obs, dict) else [("observation", obs)]
+    items = obs.items() if isinstance(obs, dict) else [(OBS_KEY, obs)]
     for key, value in items:
         if value.is_floating_point() and not bool(th.isfinite(value).all()):
             raise ValueError(

@@ -20,8 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.goals import ACHIEVED_KEY, EMPTY_GOAL, INSTRUCTION_KEY, goal_completion_steps, instruction_rewards, n_goals
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.goals import EMPTY_GOAL, goal_completion_steps, instruction_rewards, n_goals
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 
 STRATEGIES = ("some", "all", "none")
 

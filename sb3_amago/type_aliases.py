@@ -13,7 +13,7 @@ class TrajectoryBatch(NamedTuple):
 
     Position ``i`` of a window holds observation ``o_i`` and everything known on arriving at it.
     The loss at position ``i`` uses ``(o_i, a_i)`` and bootstraps from ``o_{i+1}``, so it counts
-    only where ``mask[:, i + 1]`` is True. Padding is on the right.
+    only where ``real[:, i + 1]`` is True. Padding is on the right.
 
     observations: ``(B, L + 1, *obs_shape)`` in the observation space's own dtype (uint8 images stay
         uint8) or a dict of such tensors (Dict spaces, the achieved-goal key already removed).
@@ -26,7 +26,7 @@ class TrajectoryBatch(NamedTuple):
     terminated: ``(B, L + 1)`` float 0/1, ``o_i`` is a true terminal state (no bootstrapping).
     truncated: ``(B, L + 1)`` float 0/1, the rollout was cut by a time limit at ``o_i``.
     time_idx: ``(B, L + 1)`` int64, the global step index of ``o_i`` in its rollout.
-    mask: ``(B, L + 1)`` bool, True for real (non-padding) positions.
+    real: ``(B, L + 1)`` bool, True for real (non-padding) positions.
     """
 
     observations: TensorObs
@@ -36,4 +36,4 @@ class TrajectoryBatch(NamedTuple):
     terminated: th.Tensor
     truncated: th.Tensor
     time_idx: th.Tensor
-    mask: th.Tensor
+    real: th.Tensor

@@ -24,9 +24,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
-OBS_KEY = "observation"
-PREV_REWARD_KEY = "prev_reward"
-TRIAL_RESET_KEY = "trial_reset"
+from sb3_amago.keys import OBS_KEY, PREV_REWARD_KEY, TRIAL_RESET_KEY
 
 
 def is_structured(space: spaces.Space) -> bool:

@@ -154,7 +154,7 @@ def check_hyperparameters(hyperparams: Mapping[str, Any], where: Callable[[str],
     policy_class = AMAGO.policy_aliases.get(policy) if isinstance(policy, str) else policy
     if not isinstance(policy_class, type):
         return  # AMAGO's own check reports an unknown policy name
-    policy_args = _accepted_arguments(policy_class.__init__)
+    policy_args = _accepted_arguments(policy_class)
     if policy_args is None:
         return
     for key in policy_kwargs:
@@ -244,7 +244,8 @@ class AmagoExperimentManager(ExperimentManager):
     ) -> None:
         if config is None and algo == ALGO:
             config = str(HYPERPARAMS_FILE)
-        super().__init__(args, algo, env_id, *positional, config=config, **kwargs)
+        # ExperimentManager's own positional parameters end before config, which comes by keyword here.
+        super().__init__(args, algo, env_id, *positional, config=config, **kwargs)  # type: ignore[misc]
 
     def _where(self, key: str) -> str:
         """Where a hyperparameter was set: ``-params`` or the config file."""
@@ -312,7 +313,7 @@ def register() -> None:
     rl_zoo3.ALGOS[ALGO] = AMAGO  # the dict train, enjoy and the experiment manager all read
     HYPERPARAMS_SAMPLER[ALGO] = sample_amago_params
     HYPERPARAMS_CONVERTER[ALGO] = convert_amago_params
-    rl_zoo3.train.ExperimentManager = AmagoExperimentManager
+    rl_zoo3.train.ExperimentManager = AmagoExperimentManager  # type: ignore[misc]  # the train script reads this name
     for name, value in EXPRESSION_NAMES.items():
         setattr(rl_zoo3.utils, name, value)
 
@@ -324,6 +325,8 @@ def can_render_human(env_id: str) -> bool:
     if env_id not in gym.registry:
         return True
     entry_point = gym.spec(env_id).entry_point
+    if entry_point is None:
+        return True
     creator = entry_point if callable(entry_point) else load_env_creator(entry_point)
     accepted = _accepted_arguments(creator)
     if accepted is not None and "render_mode" not in accepted:

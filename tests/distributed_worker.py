@@ -119,7 +119,7 @@ def equivalent(out: Path) -> None:
     reference.replay_buffer.sample = lambda *args, **kwargs: batch
     reference.train(gradient_steps=K_UPDATES, batch_size=2 * HALF_BATCH)
     if rank == 0:
-        counts = [int(h.mask[:, 1:].sum()) for h in halves]
+        counts = [int(h.real[:, 1:].sum()) for h in halves]
         th.save(
             {"initial": initial, "parallel": flat_state(parallel), "reference": flat_state(reference), "valid_counts": counts},
             out / "rank0.pt",

@@ -15,7 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
-from sb3_amago.loss import LossConfig, amago_loss, bc_filter, buffer_and_policy_values, critic_values, td_target
+from sb3_amago.nets import GRUTrajEncoder
 from sb3_amago.policies import AmagoState
 
 TINY = {
@@ -63,134 +63,11 @@ def filled_model(env_id_or_env, steps: int = 64, **kwargs) -> AMAGO:
     return model
 
 
-# --------------------------------------------------------------------------------------------
-# Loss terms by hand
-# --------------------------------------------------------------------------------------------
-def test_td_target_uses_a_random_critic_pair_per_position() -> None:
-    B, L, C, G = 2, 3, 4, 2
-    q_next = th.randn(B, L, C, G)
-    reward = th.tensor([[1.0, 0.0, 2.0], [0.5, -1.0, 0.0]])
-    terminated = th.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
-    gammas = th.tensor([0.9, 0.99])
-    cfg = LossConfig(reward_multiplier=10.0)
-    th.manual_seed(7)
-    got = td_target(q_next, reward, terminated, gammas, cfg)
-    th.manual_seed(7)
-    idx = th.randint(C, (B, L, 2, G))
-    for b in range(B):
-        for t in range(L):
-            for g in range(G):
-                q = min(q_next[b, t, idx[b, t, 0, g], g], q_next[b, t, idx[b, t, 1, g], g])
-                expected = 10.0 * reward[b, t] + gammas[g] * (1 - terminated[b, t]) * q
-                assert got[b, t, g].item() == pytest.approx(expected.item(), abs=1e-5)
-    # Without the policy-gradient term the pair is averaged instead.
-    th.manual_seed(7)
-    mean_target = td_target(q_next, reward, terminated, gammas, LossConfig(pg_weight=0.0))
-    q = (q_next[0, 0, idx[0, 0, 0, 1], 1] + q_next[0, 0, idx[0, 0, 1, 1], 1]) / 2
-    assert mean_target[0, 0, 1].item() == pytest.approx((10.0 + 0.99 * q).item(), abs=1e-5)
-
-
-def test_bc_filter_binary_and_exp() -> None:
-    adv = th.tensor([-1.0, 0.0, 0.5, 10.0])
-    assert bc_filter(adv, LossConfig()).tolist() == [0.0, 0.0, 1.0, 1.0]
-    exp = bc_filter(adv, LossConfig(filter_kind="exp", filter_beta=2.0, filter_clip=5.0))
-    th.testing.assert_close(exp, th.tensor([np.exp(-2.0), 1.0, np.exp(1.0), 5.0], dtype=th.float32))
-    with pytest.raises(ValueError, match="filter_kind"):
-        LossConfig(filter_kind="advantage")
-
-
 ACTION_SPACES = {
     "discrete": spaces.Discrete(3),
     "multidiscrete": spaces.MultiDiscrete([2, 3]),
     "box": spaces.Box(-2.0, 2.0, shape=(2,), dtype=np.float32),
 }
-
-
-@pytest.fixture(scope="module", params=list(ACTION_SPACES))
-def counting_model(request: pytest.FixtureRequest) -> AMAGO:
-    env = PrevRewardWrapper(CountingEnv(action_space=ACTION_SPACES[request.param], random_length=True))
-    return filled_model(env, steps=48)
-
-
-def _loss_only(model: AMAGO, **weights: float) -> tuple[th.Tensor, dict]:
-    cfg = LossConfig(**{"critic_weight": 0.0, "pg_weight": 0.0, "bc_weight": 0.0, **weights})
-    model.policy.set_training_mode(True)
-    model.policy.zero_grad(set_to_none=True)
-    th.manual_seed(0)
-    np.random.seed(0)
-    batch = model.replay_buffer.sample(4)
-    loss, stats = amago_loss(model.policy, batch, cfg)
-    loss.backward()
-    return loss, stats
-
-
-def _grad_norm(module: th.nn.Module) -> float:
-    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
-
-
-def test_policy_gradient_term_leaves_critics_untouched_and_reaches_encoder(counting_model: AMAGO) -> None:
-    policy = counting_model.policy
-    _loss_only(counting_model, pg_weight=1.0)
-    assert _grad_norm(policy.critics) == 0.0
-    assert _grad_norm(policy.popart) == 0.0
-    assert _grad_norm(policy.actor) > 0.0
-    assert _grad_norm(policy.traj_encoder) > 0.0
-    assert _grad_norm(policy.timestep_encoder) > 0.0
-
-
-def test_critic_term_reaches_encoder_but_not_actor(counting_model: AMAGO) -> None:
-    policy = counting_model.policy
-    _loss_only(counting_model, critic_weight=1.0)
-    assert _grad_norm(policy.critics) > 0.0
-    assert _grad_norm(policy.actor) == 0.0
-    assert _grad_norm(policy.traj_encoder) > 0.0
-
-
-def test_bc_term_trains_actor_and_encoder_only(counting_model: AMAGO) -> None:
-    """The behaviour-cloning term alone gives nonzero gradients to the actor and the encoder, none to the critics."""
-    policy = counting_model.policy
-    _, stats = _loss_only(counting_model, bc_weight=1.0)
-    assert stats["filter_pass_rate"] > 0, "the filter must let some buffer actions through for the term to act"
-    assert _grad_norm(policy.critics) == 0.0
-    assert _grad_norm(policy.popart) == 0.0
-    assert _grad_norm(policy.actor) > 0.0
-    assert _grad_norm(policy.traj_encoder) > 0.0
-    assert _grad_norm(policy.timestep_encoder) > 0.0
-
-
-def test_padding_positions_do_not_change_the_loss(counting_model: AMAGO) -> None:
-    policy = counting_model.policy
-    policy.set_training_mode(False)  # no dropout, no running-stat updates
-    np.random.seed(3)
-    batch = counting_model.replay_buffer.sample(4)
-    assert not bool(batch.mask.all()), "the batch should contain padding (rollouts of different lengths are cut)"
-    noisy = batch._replace(
-        rewards=th.where(batch.mask, batch.rewards, th.full_like(batch.rewards, 1e6)),
-        terminated=th.where(batch.mask, batch.terminated, th.ones_like(batch.terminated)),
-    )
-    cfg = LossConfig()
-    state = {k: v.clone() for k, v in policy.popart.state_dict().items()}
-    th.manual_seed(0)
-    loss_a, _ = amago_loss(policy, batch, cfg)
-    policy.popart.load_state_dict(state)
-    th.manual_seed(0)
-    loss_b, _ = amago_loss(policy, noisy, cfg)
-    policy.popart.load_state_dict(state)
-    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6)
-
-
-def test_discrete_critic_expectation_is_exact() -> None:
-    policy = filled_model(PrevRewardWrapper(CountingEnv()), steps=8).policy
-    state = th.randn(2, 3, policy.traj_encoder.out_dim)
-    probs = th.softmax(th.randn(2, 3, len(policy.gammas), 3), -1)
-    q_all = policy.critics(state)  # (B, L, C, G, n)
-    expected = (q_all * probs.unsqueeze(2)).sum(-1)
-    th.testing.assert_close(critic_values(policy.critics, state, probs, policy.action_space), expected)
-    buffer_action = th.tensor([[[0.0], [2.0], [1.0]], [[1.0], [1.0], [0.0]]])
-    q_buf, q_pi = buffer_and_policy_values(policy.critics, state, buffer_action, probs, policy.action_space)
-    th.testing.assert_close(q_buf[1, 0], q_all[1, 0, :, :, 1])
-    th.testing.assert_close(q_buf[0, 1], q_all[0, 1, :, :, 2])
-    th.testing.assert_close(q_pi, expected)
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,7 +81,12 @@ def test_collection_feeds_previous_action_and_reward(monkeypatch: pytest.MonkeyP
 
     def recording_observe(obs, state):
         seen.append(
-            (float(obs["observation"][0, 0]), float(obs["prev_reward"][0, 0]), float(state.prev_action[0, 0]), int(state.time_idx[0]))
+            (
+                float(obs["observation"][0, 0]),
+                float(obs["prev_reward"][0, 0]),
+                float(state.prev_action[0, 0]),
+                int(state.time_idx[0]),
+            )
         )
         return observe(obs, state)
 
@@ -307,6 +189,22 @@ def _record_actor_outputs(policy, monkeypatch: pytest.MonkeyPatch) -> list[th.Te
 
     monkeypatch.setattr(policy, "observe", recording_observe)
     return outputs
+
+
+def test_predict_refuses_a_spent_state_and_a_deep_copy_branches() -> None:
+    """predict advances the context in place: the state it was given is refused afterwards; a deep copy
+    taken before the call acts from the same context again, as the original did."""
+    model = tiny_model(gym.make("Pendulum-v1"))
+    obs = np.random.default_rng(0).normal(size=(4, 1, 3)).astype(np.float32)
+    _, state = model.predict(obs[0], deterministic=True)
+    _, state = model.predict(obs[1], state=state, deterministic=True)
+    branch = copy.deepcopy(state)
+    action, new_state = model.predict(obs[2], state=state, deterministic=True)
+    with pytest.raises(ValueError, match="already passed to predict"):
+        model.predict(obs[2], state=state, deterministic=True)
+    again, _ = model.predict(obs[2], state=branch, deterministic=True)
+    np.testing.assert_array_equal(again, action)
+    model.predict(obs[3], state=new_state, deterministic=True)  # the returned state stays usable
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
@@ -561,7 +459,12 @@ def test_bad_constructor_arguments() -> None:
         ({"multigammas": (0.9, 1.0)}, r"multigammas holds \[1.0\].*\[0, 1\).*0.99"),
         ({"multigammas": (1.2,)}, r"multigammas holds \[1.2\]"),
         (
-            {"policy_kwargs": {**TINY, "traj_encoder_kwargs": {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 8}}},
+            {
+                "policy_kwargs": {
+                    **TINY,
+                    "traj_encoder_kwargs": {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 8},
+                }
+            },
             r"max_time=8.*max_seq_len \+ 1 = 9.*raise max_time",
         ),
         ({"buffer_size": 8}, r"buffer_size=8 holds 8 steps per env.*at least 9"),
@@ -575,6 +478,22 @@ def test_out_of_range_hyperparameters_are_named_at_construction(kwargs: dict, wo
     env = make_vec_env(CountingEnv, n_envs=kwargs.pop("n_envs", 1))
     with pytest.raises(ValueError, match=words):
         tiny_model(env, **kwargs)
+
+
+def test_sb3_style_policy_kwargs_reach_the_policy() -> None:
+    """policy_kwargs n_critics (as SAC / TQC take it), a trajectory-encoder class (as features_extractor_class
+    takes one) and filter_clip all reach the model; a conflicting n_critics or a class of the wrong kind is named."""
+    env = PrevRewardWrapper(CountingEnv())
+    model = tiny_model(env, policy_kwargs={**TINY, "n_critics": 2}, filter_clip=7.0)
+    assert model.n_critics == 2 and model.policy.n_critics == 2
+    assert model.policy.critics(th.zeros(1, model.policy.traj_encoder.out_dim)).shape[1] == 2
+    assert model.loss_config.filter_clip == 7.0
+    model = tiny_model(env, policy_kwargs={**TINY, "traj_encoder": GRUTrajEncoder, "traj_encoder_kwargs": {}})
+    assert isinstance(model.policy.traj_encoder, GRUTrajEncoder)
+    with pytest.raises(ValueError, match="disagree"):
+        tiny_model(env, n_critics=3, policy_kwargs={**TINY, "n_critics": 2})
+    with pytest.raises(ValueError, match="not a sb3_amago.nets.TrajEncoder subclass"):
+        tiny_model(env, policy_kwargs={**TINY, "traj_encoder": th.nn.GRU})
 
 
 def test_hyperparameters_at_the_limits_are_accepted() -> None:
@@ -659,7 +578,7 @@ def test_runs_on_popgym_spaces(name: str) -> None:
     model.learn(60)
     assert model._n_updates > 0
     obs, _ = env.reset(seed=0)
-    action, state = model.predict(obs, deterministic=True)
+    action, _state = model.predict(obs, deterministic=True)
     assert env.action_space.contains(action)
     # The raw popgym observation (a tuple for Autoencode) is taken as it is.
     raw = env.unwrapped

@@ -63,9 +63,9 @@ class Stream:
     def check(self, batch: TrajectoryBatch) -> None:
         """Every real position of every window matches the script; padding is zero."""
         obs = batch.observations.numpy()
-        mask = batch.mask.numpy()
+        mask = batch.real.numpy()
         assert batch.observations.dtype == th.float32 and batch.actions.dtype == th.float32
-        assert batch.time_idx.dtype == th.int64 and batch.mask.dtype == th.bool
+        assert batch.time_idx.dtype == th.int64 and batch.real.dtype == th.bool
         for b, i in zip(*np.nonzero(mask)):
             env, episode, t = (int(v) for v in obs[b, i])
             assert (obs[b, mask[b]][:, :2] == [env, episode]).all(), "a window mixes rollouts"
@@ -112,7 +112,7 @@ def test_windows_reach_every_start_and_the_end() -> None:
     stream.check(buffer.sample(16))
     for _ in range(100):
         batch = buffer.sample(16)
-        assert (batch.mask.sum(1) == 5).all()
+        assert (batch.real.sum(1) == 5).all()
         starts.update(batch.time_idx[:, 0].tolist())
         terminal_seen += int(batch.terminated[:, 4].sum())
     assert starts == set(range(17)), "windows of 5 observations in 21 must start at 0 .. 16"
@@ -127,10 +127,10 @@ def test_short_rollouts_taken_whole_and_padded() -> None:
     for _ in range(30):
         batch = buffer.sample(6)
         stream.check(batch)
-        assert batch.mask.shape[1] == int(batch.mask.sum(1).max()) <= 7
-        lengths.update(batch.mask.sum(1).tolist())
+        assert batch.real.shape[1] == int(batch.real.sum(1).max()) <= 7
+        lengths.update(batch.real.sum(1).tolist())
         for b in range(6):
-            assert batch.mask[b, : int(batch.mask[b].sum())].all(), "padding is on the right"
+            assert batch.real[b, : int(batch.real[b].sum())].all(), "padding is on the right"
     assert lengths == {3, 7}
 
 
@@ -142,7 +142,7 @@ def test_in_progress_rollout_is_sampled() -> None:
     for _ in range(40):
         batch = buffer.sample(8)
         stream.check(batch)
-        seen.update(batch.time_idx[batch.mask].tolist())
+        seen.update(batch.time_idx[batch.real].tolist())
     assert buffer.num_rollouts() == 1 and buffer.size() == 300
     assert 300 in seen and 0 in seen
 
@@ -157,7 +157,7 @@ def test_eviction_drops_whole_rollouts(buffer_size: int, kept: set[int]) -> None
     for _ in range(20):
         batch = buffer.sample(8)
         stream.check(batch)
-        episodes.update(batch.observations[..., 1][batch.mask].long().tolist())
+        episodes.update(batch.observations[..., 1][batch.real].long().tolist())
     assert episodes == kept
 
 
@@ -168,7 +168,7 @@ def test_rollout_longer_than_its_column_keeps_its_newest_part() -> None:
     for _ in range(20):
         batch = buffer.sample(4)
         stream.check(batch)
-        assert batch.time_idx[batch.mask].min() >= 25 - 8  # 9 newest observations, the row before them kept
+        assert batch.time_idx[batch.real].min() >= 25 - 8  # 9 newest observations, the row before them kept
     assert buffer.size() == 8
     stream.feed(buffer, 15)  # ends at 40 (truncated) and the next one starts
     batch = buffer.sample(64)
@@ -177,7 +177,7 @@ def test_rollout_longer_than_its_column_keeps_its_newest_part() -> None:
     stream.feed(buffer, 4)  # the next episode (3 steps, 4 rows) and a new one overwrite 6 more of its rows
     batch = buffer.sample(64)
     stream.check(batch)
-    old = batch.mask & (batch.observations[..., 1] == 0)
+    old = batch.real & (batch.observations[..., 1] == 0)
     assert old.any() and batch.time_idx[old].min() == 38
 
 
@@ -189,7 +189,7 @@ def test_parallel_streams_never_mix() -> None:
     for _ in range(30):
         batch = buffer.sample(16)
         stream.check(batch)
-        envs.update(batch.observations[..., 0][batch.mask].long().tolist())
+        envs.update(batch.observations[..., 0][batch.real].long().tolist())
     assert envs == {0, 1, 2}
 
 
@@ -237,7 +237,7 @@ def test_stream_break_starts_a_new_rollout() -> None:
         batch = buffer.sample(8)
         assert (batch.terminated == 0).all() and (batch.truncated == 0).all()
         for b in range(8):
-            assert len(set(batch.observations[b, batch.mask[b], 1].tolist())) == 1
+            assert len(set(batch.observations[b, batch.real[b], 1].tolist())) == 1
 
 
 def test_dict_and_uint8_observations_keep_their_dtype() -> None:
@@ -262,7 +262,7 @@ def test_dict_and_uint8_observations_keep_their_dtype() -> None:
     assert batch.observations["image"].dtype == th.uint8 and batch.observations["image"].shape[2:] == (4, 4, 1)
     assert batch.observations["cell"].dtype == th.int64 and batch.observations["cell"].shape[2:] == (1,)
     assert batch.observations["vector"].dtype == th.float32
-    real = batch.mask
+    real = batch.real
     assert (batch.observations["image"][real][:, 0, 0, 0].long() - 200 == batch.observations["cell"][real][:, 0]).all()
     assert batch.actions.shape[2] == 2
 
@@ -403,7 +403,7 @@ def test_filled_by_sb3_collect_rollouts() -> None:
     assert isinstance(buffer, TrajectoryReplayBuffer) and buffer.size() == 160
     for _ in range(20):
         batch = buffer.sample(16)
-        obs, mask = batch.observations, batch.mask
+        obs, mask = batch.observations, batch.real
         assert th.equal(batch.time_idx[mask], obs[..., 0][mask].long())
         assert th.equal(batch.rewards[mask], obs[..., 0][mask])
         assert th.equal(batch.prev_actions[:, 1:][mask[:, 1:]], batch.actions[:, :-1][mask[:, 1:]])
@@ -425,7 +425,7 @@ def test_vec_normalize_is_applied_when_sampling() -> None:
     raw = buffer.sample(8)
     np.random.seed(1)
     normalized = buffer.sample(8, env=venv)
-    mask = raw.mask
+    mask = raw.real
     expected_obs = venv.normalize_obs(raw.observations.numpy())
     np.testing.assert_allclose(normalized.observations[mask].numpy(), expected_obs[mask.numpy()], rtol=1e-6)
     np.testing.assert_allclose(normalized.rewards.numpy(), venv.normalize_reward(raw.rewards.numpy()), rtol=1e-6)

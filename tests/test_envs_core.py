@@ -2,6 +2,7 @@
 
 import importlib
 import random
+import subprocess
 import sys
 import warnings
 
@@ -25,7 +26,8 @@ from sb3_amago.envs.popgym_envs import (
 )
 from sb3_amago.envs.registration import meta_rl_family, popgym_family, tmaze_family
 from sb3_amago.envs.tmaze import TMazeEnv
-from sb3_amago.wrappers import PREV_REWARD_KEY, TRIAL_RESET_KEY, TrialsWrapper
+from sb3_amago.keys import PREV_REWARD_KEY, TRIAL_RESET_KEY
+from sb3_amago.wrappers import TrialsWrapper
 
 POPGYM_FAMILIES = sorted({name.removesuffix("Easy") for name in popgym_env_names("easy")})
 
@@ -64,6 +66,19 @@ def test_ids_registered_without_namespace() -> None:
     assert [len(family()) for family in (tmaze_family, popgym_family, meta_rl_family)] == [6, 48, 2]
     assert {"amago-TMaze-v0", "amago-TMaze10000-v0", "amago-DarkKeyToDoor-v0", "amago-HalfCheetahVel-v0"} <= set(ids)
     assert all(i in gym.registry and i.startswith("amago-") and "/" not in i for i in ids)
+
+
+def test_importing_the_package_imports_no_env_module() -> None:
+    """Registration names entry points only: no env module loads until one of its ids is made."""
+    code = (
+        "import sys, gymnasium as gym, sb3_amago\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sb3_amago.envs.')))\n"
+        "gym.make('amago-TMaze-v0')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sb3_amago.envs.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == str(["sb3_amago.envs.popgym_ranges", "sb3_amago.envs.registration"])
+    assert "sb3_amago.envs.tmaze" in out[1] and "sb3_amago.envs.popgym_envs" not in out[1]
 
 
 def test_make_vec_env_finds_ids() -> None:
@@ -312,7 +327,7 @@ def test_trials_wrapper_keeps_task_flags_trials_and_ends_after_k() -> None:
     assert obs[TRIAL_RESET_KEY][0] == 0 and obs[PREV_REWARD_KEY][0] == 0 and info["trial"] == 0
     flags, trials, steps, done = [], [], 0, False
     while not done:
-        obs, reward, terminated, truncated, info = env.step(0)  # stay: every trial is cut at 6 steps
+        obs, _reward, terminated, truncated, info = env.step(0)  # stay: every trial is cut at 6 steps
         steps += 1
         done = terminated or truncated
         flags.append(obs[TRIAL_RESET_KEY][0])
@@ -346,7 +361,7 @@ def test_trials_wrapper_terminates_with_last_trial_and_carries_reward() -> None:
 
 def test_trials_wrapper_step_budget_cuts_mid_trial() -> None:
     env = TrialsWrapper(DarkKeyToDoorEnv(size=5, trial_length=4), max_rollout_steps=10)
-    ret, steps, terminated, truncated, info = _rollout(env, lambda e, o: 0)
+    _ret, steps, terminated, truncated, info = _rollout(env, lambda e, o: 0)
     assert (steps, terminated, truncated, len(info["trial_returns"])) == (10, False, True, 3)
 
 

@@ -15,8 +15,8 @@ from sb3_amago.envs.crafter_instructions import CrafterInstructions, import_craf
 from sb3_amago.envs.instruction import InstructionEnv
 from sb3_amago.envs.maze_runner import STAY, MazeRunner, generate_maze, shortest_path
 from sb3_amago.envs.package_delivery import PackageDelivery
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, instruction_rewards
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.goals import instruction_rewards
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 
 needs_crafter = pytest.mark.skipif(importlib.util.find_spec("crafter") is None, reason="crafter not installed")
 
@@ -113,7 +113,7 @@ def test_maze_tokens_render_and_wall_bumps() -> None:
     assert art.count("@") == 1 and all(str(i) in art for i in (1, 2, 3))
     blocked = next(d for d in range(4) if not env.passages[env.agent][d])
     start = env.agent
-    obs, reward, *_ = env.step(blocked)
+    obs, _reward, *_ = env.step(blocked)
     assert env.agent == start and obs[ACHIEVED_KEY][0] == env.cell_token(*start)
     env.step(STAY)
     assert env.agent == start
@@ -226,9 +226,7 @@ def test_crafter_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         (lambda: PackageDelivery(n_forks=9), r"n_forks must be an integer in \[0, 8\]"),
         (lambda: PackageDelivery(min_packages=0), r"min_packages must be an integer in \[1, 4\]"),
         (lambda: PackageDelivery(max_packages=30), r"max_packages must be an integer in \[1, 29\]"),
-        pytest.param(
-            lambda: CrafterInstructions(max_goals=0), r"max_goals must be an integer in \[1, ", marks=needs_crafter
-        ),
+        pytest.param(lambda: CrafterInstructions(max_goals=0), r"max_goals must be an integer in \[1, ", marks=needs_crafter),
         pytest.param(
             lambda: CrafterInstructions(region_grid=0),
             r"region_grid must be an integer in \[1, 64\]",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import learning  # noqa: E402
+import learning
 
 
 def make_rows(task: str, algo: str, seed: int, budget: int, scores: list[float], finished: bool = True) -> list[learning.Row]:

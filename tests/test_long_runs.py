@@ -53,15 +53,15 @@ def check_windows(batch: TrajectoryBatch, ends: dict[int, tuple[int, bool]]) -> 
     """Every real step of every window comes from one episode of one env, in order, with the
     episode's own time index; a window reaching an episode's end flags it as ``ends[env]`` says
     (length, truncated)."""
-    obs, mask = batch.observations.numpy(), batch.mask.numpy()
+    obs, real = batch.observations.numpy(), batch.real.numpy()
     for b in range(len(obs)):
-        steps = obs[b, mask[b]]  # (real steps, 3)
+        steps = obs[b, real[b]]  # (real steps, 3)
         assert len(steps) > 0
         assert (steps[:, :2] == steps[0, :2]).all(), "a window mixes envs or episodes"
         assert (np.diff(steps[:, 2]) == 1).all(), "a window skips or repeats steps"
-        assert (batch.time_idx[b, mask[b]].numpy() == steps[:, 2]).all()
+        assert (batch.time_idx[b, real[b]].numpy() == steps[:, 2]).all()
         length, truncated = ends[int(steps[0, 0])]
-        last = int(np.flatnonzero(mask[b])[-1])
+        last = int(np.flatnonzero(real[b])[-1])
         at_end = steps[-1, 2] == length
         assert batch.terminated[b, last] == float(at_end and not truncated)
         assert batch.truncated[b, last] == float(at_end and truncated)
@@ -84,7 +84,7 @@ def test_rollout_longer_than_the_replay() -> None:
     assert buffer.num_rollouts() == 1 and buffer.size() < 64
     batch = buffer.sample(32)
     check_windows(batch, {0: (-1, False)})
-    stamps = batch.observations[batch.mask][..., 2]
+    stamps = batch.observations[batch.real][..., 2]
     assert 300 - 64 < stamps.min() and stamps.max() <= 300
     assert trained_finite(model)
 
@@ -167,7 +167,7 @@ def assert_usable_after_interrupt(model: AMAGO, tmp_path) -> None:
     assert model.num_timesteps >= steps + 10
     assert model.replay_buffer.num_rollouts() == rollouts + 1, "the interrupted rollout must not be continued"
     batch = model.replay_buffer.sample(16)
-    assert (np.diff(batch.observations[..., 0].numpy(), axis=1)[batch.mask[:, 1:].numpy()] == 1).all()
+    assert (np.diff(batch.observations[..., 0].numpy(), axis=1)[batch.real[:, 1:].numpy()] == 1).all()
 
 
 def test_keyboard_interrupt_during_collection_keeps_saves_and_model(tmp_path) -> None:

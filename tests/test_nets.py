@@ -11,18 +11,19 @@ from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
 from torch.nn import functional as F
 
+from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
 from sb3_amago.nets.transformer import apply_rotary, rotary_tables, sinusoidal_embedding
 
 D_IN = 5
 SMALL = {
-    "transformer": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2),
-    "transformer_sinusoidal": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="sinusoidal"),
-    "transformer_learnable": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="learnable", max_time=300),
-    "transformer_none": dict(d_model=16, n_heads=2, d_ff=32, n_layers=2, pos_emb="none"),
-    "gru": dict(d_hidden=16),
-    "ff": dict(d_hidden=16),
+    "transformer": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2},
+    "transformer_sinusoidal": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2, "pos_emb": "sinusoidal"},
+    "transformer_learnable": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2, "pos_emb": "learnable", "max_time": 300},
+    "transformer_none": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 2, "pos_emb": "none"},
+    "gru": {"d_hidden": 16},
+    "ff": {"d_hidden": 16},
 }
 
 
@@ -62,9 +63,9 @@ def sample_prev_actions(action_space: spaces.Space, batch: int, length: int) -> 
 
 def timestep_inputs(space: spaces.Space, action_space: spaces.Space, batch: int = 2, length: int = 5) -> tuple:
     time_idx = th.arange(length).repeat(batch, 1) + th.tensor([[0], [7]])[:batch]
-    pad_mask = th.ones(batch, length, dtype=th.bool)
-    pad_mask[-1, length - 2 :] = False
-    return sample_obs(space, batch, length), sample_prev_actions(action_space, batch, length), time_idx, pad_mask
+    real = th.ones(batch, length, dtype=th.bool)
+    real[-1, length - 2 :] = False
+    return sample_obs(space, batch, length), sample_prev_actions(action_space, batch, length), time_idx, real
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,11 +106,11 @@ def test_padding_does_not_change_real_outputs(kind: str) -> None:
     lengths = [8, 3, 5]
     x = th.randn(3, 8, D_IN)
     time_idx = th.arange(8).repeat(3, 1) + 10
-    pad_mask = th.arange(8)[None] < th.tensor(lengths)[:, None]
+    real = th.arange(8)[None] < th.tensor(lengths)[:, None]
     garbage = x.clone()
-    garbage[~pad_mask] = th.tensor([float("nan"), float("inf"), 1e6, -3.0, 0.0])
-    garbage_time = time_idx.masked_fill(~pad_mask, 10**9 if kind != "transformer_learnable" else -7)
-    out = encoder(garbage, garbage_time, pad_mask)
+    garbage[~real] = th.tensor([float("nan"), float("inf"), 1e6, -3.0, 0.0])
+    garbage_time = time_idx.masked_fill(~real, 10**9 if kind != "transformer_learnable" else -7)
+    out = encoder(garbage, garbage_time, real)
     assert out.isfinite().all()
     for b, n in enumerate(lengths):
         th.testing.assert_close(out[b, :n], full_forward(encoder, x[b, :n], time_idx[b, :n]), atol=1e-5, rtol=0)
@@ -258,10 +259,10 @@ def test_sigma_reparam_identity_at_init_and_power_iteration() -> None:
 def test_timestep_encoder_shapes_and_gradients(obs_kind: str, action_space: spaces.Space) -> None:
     space = spaces.Box(-1, 1, (3,)) if obs_kind == "box" else DICT_SPACE
     encoder = TimestepEncoder(space, action_space, d_out=16, hidden_sizes=(32, 32))
-    obs, prev_actions, time_idx, pad_mask = timestep_inputs(space, action_space)
-    out = encoder(obs, prev_actions, time_idx, pad_mask)
+    obs, prev_actions, time_idx, real = timestep_inputs(space, action_space)
+    out = encoder(obs, prev_actions, time_idx, real)
     assert out.shape == (2, 5, 16) and out.isfinite().all()
-    assert (out[~pad_mask] == 0).all()
+    assert (out[~real] == 0).all()
     (out[0, -1] * th.randn(16)).sum().backward()
     for name, param in encoder.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
@@ -272,7 +273,7 @@ def test_timestep_encoder_shapes_and_gradients(obs_kind: str, action_space: spac
 @pytest.mark.parametrize("cnn", ["nature", "impala"])
 def test_timestep_encoder_bf16_autocast(cnn: str) -> None:
     encoder = TimestepEncoder(
-        DICT_SPACE, ACTION_SPACES[0], features_extractor_kwargs=dict(cnn=cnn), d_out=16, hidden_sizes=(32,)
+        DICT_SPACE, ACTION_SPACES[0], features_extractor_kwargs={"cnn": cnn}, d_out=16, hidden_sizes=(32,)
     )
     with th.autocast("cpu", dtype=th.bfloat16):
         out = encoder(*timestep_inputs(DICT_SPACE, ACTION_SPACES[0]))
@@ -283,7 +284,7 @@ def test_timestep_encoder_bf16_autocast(cnn: str) -> None:
     "space, extractor_class, kwargs",
     [
         (spaces.Box(-1, 1, (3,)), FlattenExtractor, {}),
-        (spaces.Box(0, 255, (3, 36, 36), np.uint8), NatureCNN, dict(features_dim=32)),
+        (spaces.Box(0, 255, (3, 36, 36), np.uint8), NatureCNN, {"features_dim": 32}),
         (spaces.Dict({"vec": spaces.Box(-1, 1, (3,)), "cell": spaces.Discrete(3)}), CombinedExtractor, {}),
     ],
     ids=["flatten", "nature_cnn", "combined"],
@@ -306,17 +307,17 @@ def test_previous_action_features() -> None:
 def test_running_norm_ignores_padding_and_is_frozen_in_eval() -> None:
     space = spaces.Box(-np.inf, np.inf, (2,))
     encoder = TimestepEncoder(space, ACTION_SPACES[0], d_out=8, hidden_sizes=())
-    norm = encoder.obs_norms["obs"]
-    obs, prev_actions, time_idx, pad_mask = timestep_inputs(space, ACTION_SPACES[0], length=6)
+    norm = encoder.obs_norms[OBS_KEY]
+    obs, prev_actions, time_idx, real = timestep_inputs(space, ACTION_SPACES[0], length=6)
     obs = obs * 3.0 + 5.0
-    obs[~pad_mask] = 1e4
-    encoder(obs, prev_actions, time_idx, pad_mask)
-    real = obs[pad_mask]  # (n_real, 2)
-    th.testing.assert_close(norm.mean, real.mean(0))
-    th.testing.assert_close(norm.var, real.var(0, unbiased=False))
+    obs[~real] = 1e4
+    encoder(obs, prev_actions, time_idx, real)
+    real_obs = obs[real]  # (n_real, 2)
+    th.testing.assert_close(norm.mean, real_obs.mean(0))
+    th.testing.assert_close(norm.var, real_obs.var(0, unbiased=False))
     frozen = {k: v.clone() for k, v in norm.state_dict().items()}
     encoder.eval()
-    encoder(obs + 100.0, prev_actions, time_idx, pad_mask)
+    encoder(obs + 100.0, prev_actions, time_idx, real)
     for key, value in norm.state_dict().items():
         assert th.equal(value, frozen[key]), key
 
@@ -339,18 +340,18 @@ def test_running_norm_is_a_bias_corrected_ema() -> None:
 
 def test_timestep_encoder_validation_errors() -> None:
     encoder = TimestepEncoder(DICT_SPACE, ACTION_SPACES[0], d_out=8, hidden_sizes=(16,))
-    obs, prev_actions, time_idx, pad_mask = timestep_inputs(DICT_SPACE, ACTION_SPACES[0])
+    obs, prev_actions, time_idx, real = timestep_inputs(DICT_SPACE, ACTION_SPACES[0])
     bad_shape = dict(obs, vec=th.zeros(2, 5, 3))
     with pytest.raises(ValueError, match=r"'vec'.*expected shape \(2, 5, 4\).*received \(2, 5, 3\)"):
-        encoder(bad_shape, prev_actions, time_idx, pad_mask)
+        encoder(bad_shape, prev_actions, time_idx, real)
     bad_dtype = dict(obs, image=obs["image"].float())
     with pytest.raises(ValueError, match=r"'image'.*expected uint8, received dtype torch.float32"):
-        encoder(bad_dtype, prev_actions, time_idx, pad_mask)
+        encoder(bad_dtype, prev_actions, time_idx, real)
     missing = {k: v for k, v in obs.items() if k != "cell"}
     with pytest.raises(ValueError, match=r"'cell' is missing"):
-        encoder(missing, prev_actions, time_idx, pad_mask)
+        encoder(missing, prev_actions, time_idx, real)
     with pytest.raises(ValueError, match=r"prev_actions: expected shape \(2, 5, 1\).*received \(2, 5, 2\)"):
-        encoder(obs, th.zeros(2, 5, 2), time_idx, pad_mask)
+        encoder(obs, th.zeros(2, 5, 2), time_idx, real)
     obs_no_achieved = {k: v for k, v in obs.items() if k != "achieved"}
     discrete_flat = dict(obs_no_achieved, cell=obs["cell"][..., 0])
-    assert encoder(discrete_flat, prev_actions, time_idx, pad_mask).isfinite().all()
+    assert encoder(discrete_flat, prev_actions, time_idx, real).isfinite().all()

@@ -7,9 +7,9 @@ from gymnasium import spaces
 from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl
 
 from sb3_amago.buffers import TrajectoryReplayBuffer
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, instruction_rewards, n_goals
+from sb3_amago.goals import goal_completion_steps, instruction_rewards, n_goals
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 from sb3_amago.relabel import GoalEnvRelabeler, HindsightInstructionRelabeler, Relabeler, Rollout
-from sb3_amago.wrappers import PREV_REWARD_KEY
 
 
 def instruction_rollout(instruction: list[int], achieved: list[list[int]], m: int = 2) -> Rollout:
@@ -250,7 +250,7 @@ def test_relabeling_through_the_buffer() -> None:
     stored = [buffer.rewards.copy(), buffer.observations[INSTRUCTION_KEY].copy(), buffer.observations[PREV_REWARD_KEY].copy()]
     batch = buffer.sample(4)
     assert ACHIEVED_KEY not in batch.observations and set(batch.observations) == {"position", INSTRUCTION_KEY, PREV_REWARD_KEY}
-    mask = batch.mask
+    mask = batch.real
     assert (mask.sum(1) == 6).all(), "cut after the last success, at observation 5"
     assert (batch.observations[INSTRUCTION_KEY][mask] == th.tensor([5, 6])).all()
     assert th.equal(batch.rewards, th.tensor([[0, 0, 0, 1, 0, 1]] * 4, dtype=th.float32))
@@ -275,7 +275,7 @@ def test_buffer_with_a_relabeler_pickles(tmp_path) -> None:
     got = loaded.sample(8)
     for key, value in got.observations.items():
         assert th.equal(value, expected.observations[key])
-    assert th.equal(got.rewards, expected.rewards) and th.equal(got.mask, expected.mask)
+    assert th.equal(got.rewards, expected.rewards) and th.equal(got.real, expected.real)
 
 
 def test_relabeler_none_samples_like_no_relabeler() -> None:
@@ -288,5 +288,5 @@ def test_relabeler_none_samples_like_no_relabeler() -> None:
     assert ACHIEVED_KEY in expected.observations and ACHIEVED_KEY not in got.observations
     for key, value in got.observations.items():
         assert th.equal(value, expected.observations[key])
-    for name in ("actions", "prev_actions", "rewards", "terminated", "truncated", "time_idx", "mask"):
+    for name in ("actions", "prev_actions", "rewards", "terminated", "truncated", "time_idx", "real"):
         assert th.equal(getattr(got, name), getattr(expected, name)), name

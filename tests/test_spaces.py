@@ -12,6 +12,7 @@ from stable_baselines3.common.torch_layers import NatureCNN
 from test_amago import TINY
 
 from sb3_amago import AMAGO
+from sb3_amago.distributions import make_action_type
 from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SmallImageCNN
 from sb3_amago.wrappers import flat_dict_obs, flat_dict_space
 
@@ -231,3 +232,48 @@ def test_image_too_small_for_the_chosen_cnn_fails_at_construction_with_the_fix()
         tiny_model(env, policy_kwargs={**TINY, "features_extractor_class": NatureCNN})
     with pytest.raises(ValueError, match="Unknown cnn"):
         tiny_model(env, policy_kwargs={**TINY, "features_extractor_kwargs": {"cnn": "resnet"}})
+
+
+# --------------------------------------------------------------------------------------------
+# Action spaces: one ActionType each
+# --------------------------------------------------------------------------------------------
+ACTION_TYPE_SPACES = {
+    "discrete": spaces.Discrete(5),
+    "multidiscrete": spaces.MultiDiscrete([2, 3, 4]),
+    "box": spaces.Box(np.array([-2.0, 0.0], dtype=np.float32), np.array([2.0, 10.0], dtype=np.float32)),
+    "box_float64": spaces.Box(-1.0, 3.0, shape=(2, 2), dtype=np.float64),
+}
+
+
+@pytest.mark.parametrize("name", list(ACTION_TYPE_SPACES))
+def test_action_type_round_trips_env_actions_and_samples_in_the_buffer_form(name: str) -> None:
+    """Env actions -> buffer form -> env actions gives them back (in the space's dtype); sampled and
+    explored actions are buffer actions of the space; the encoding and log-prob have the documented widths."""
+    space = ACTION_TYPE_SPACES[name]
+    space.seed(0)
+    action_type = make_action_type(space)
+    env_actions = np.array([space.sample() for _ in range(6)])
+    buffer = action_type.to_buffer(env_actions)
+    assert buffer.shape == (6, action_type.action_dim) and buffer.dtype == np.float32
+    back = action_type.to_env(buffer)
+    assert back.dtype == np.asarray(space.sample()).dtype
+    np.testing.assert_allclose(back, env_actions, rtol=1e-5, atol=1e-5)
+    th.manual_seed(0)
+    raw = th.randn(6, 3, action_type.actor_output_dim)  # (N, G, raw outputs)
+    actor_out = action_type.actor_output(raw)
+    main = action_type.select_gamma(actor_out, -1)
+    for deterministic in (True, False):
+        sampled = action_type.sample(main, deterministic)
+        explored = action_type.explore(sampled, th.full((6, 1), 1.0))
+        for actions in (sampled, explored):
+            assert actions.shape == (6, action_type.action_dim)
+            assert all(space.contains(a) for a in action_type.to_env(actions.numpy()))
+    assert action_type.encode(th.as_tensor(buffer)).shape == (6, action_type.encoded_dim)
+    log_prob = action_type.log_prob(actor_out, th.as_tensor(buffer))  # (N, G): every gamma scores each action
+    assert log_prob.shape == (6, 3) and bool(th.isfinite(log_prob).all())
+    assert action_type.entropy(actor_out).shape == (6, 3)
+
+
+def test_action_type_factory_names_unsupported_spaces() -> None:
+    with pytest.raises(ValueError, match="Discrete, MultiDiscrete and Box"):
+        make_action_type(spaces.MultiBinary(3))

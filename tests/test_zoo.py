@@ -4,6 +4,7 @@ file (package data, mirrored in ``rl_zoo_hyperparams/``, every entry builds an A
 clear errors for bad input."""
 
 import argparse
+import itertools
 import shutil
 import subprocess
 import sys
@@ -19,10 +20,10 @@ import yaml
 
 pytest.importorskip("rl_zoo3")
 
-from sb3_amago import AMAGO, zoo  # noqa: E402
-from sb3_amago.envs import registered_ids  # noqa: E402
-from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES  # noqa: E402
-from sb3_amago.relabel import HindsightInstructionRelabeler  # noqa: E402
+from sb3_amago import AMAGO, zoo
+from sb3_amago.envs import registered_ids
+from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES
+from sb3_amago.relabel import HindsightInstructionRelabeler
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_POLICY = (
@@ -35,7 +36,9 @@ TMAZE_H = 5
 
 def run_zoo(cwd: Path, *args: str) -> str:
     """``python -m sb3_amago.zoo ARGS`` in ``cwd``; its output, after asserting success."""
-    proc = subprocess.run([sys.executable, "-m", "sb3_amago.zoo", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sb3_amago.zoo", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     return output
@@ -102,7 +105,7 @@ def test_enjoy_carries_context_and_reserves_no_replay(tmaze_run: Path, monkeypat
     assert zoo.main(args) == 0
     assert len(calls) == n_steps
     assert calls[0].state_in is None
-    assert all(later.state_in is earlier.state_out for earlier, later in zip(calls[:-1], calls[1:], strict=True))
+    assert all(later.state_in is earlier.state_out for earlier, later in itertools.pairwise(calls))
     episode_steps = [int(call.state_out.time_idx[0]) for call in calls]
     assert episode_steps == [t % (TMAZE_H + 1) + 1 for t in range(n_steps)]
     assert [call.start for call in calls] == [t % (TMAZE_H + 1) == 0 for t in range(n_steps)]
@@ -189,7 +192,9 @@ def test_hyperparams_ship_in_the_wheel(tmp_path: Path) -> None:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("*.whl")
-    assert {"sb3_amago/hyperparams/amago.yml", "sb3_amago/zoo.py"} <= set(zipfile.ZipFile(wheel).namelist())
+    assert {"sb3_amago/hyperparams/amago.yml", "sb3_amago/zoo.py", "sb3_amago/py.typed"} <= set(
+        zipfile.ZipFile(wheel).namelist()
+    )
 
 
 def test_entries_cover_the_registered_envs() -> None:

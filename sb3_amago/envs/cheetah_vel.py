@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.wrappers import TimeLimit
 
-from sb3_amago.envs import check_action, check_int
+from sb3_amago.envs.checks import check_action, check_int
 from sb3_amago.wrappers import TrialsWrapper
 
 try:
@@ -59,7 +59,8 @@ class HalfCheetahVelEnv(HalfCheetahEnv):
         self.target_velocity = fixed if fixed is not None else self.sample_task(self.np_random)
         return obs, info
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+    # MujocoEnv annotates step with float64 rewards and float64 info values; this returns the Env API's types.
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:  # type: ignore[override]
         """Step the simulation and score the velocity error."""
         check_action(self.action_space, action)
         obs, _, terminated, truncated, info = super().step(action)

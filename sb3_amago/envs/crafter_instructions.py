@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_int
+from sb3_amago.envs.checks import check_int
 from sb3_amago.envs.instruction import InstructionEnv
 
 IMAGE_KEY = "image"

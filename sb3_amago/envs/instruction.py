@@ -31,13 +31,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_action, check_int
-from sb3_amago.envs.registration import EnvRegistration
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY, goal_completion_steps, n_goals
-from sb3_amago.wrappers import PREV_REWARD_KEY
+from sb3_amago.envs.checks import check_action, check_int
+from sb3_amago.goals import goal_completion_steps, n_goals
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, PREV_REWARD_KEY
 
 
-class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
+class InstructionEnv(gym.Env[dict[str, Any], np.int64], abc.ABC):
     """Instruction plumbing shared by the goal envs; subclasses implement the task.
 
     A subclass builds its world in :meth:`_reset_task` (using ``self.np_random``), draws goal tokens
@@ -88,6 +87,8 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         self.success_reward = float(success_reward)
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(n_actions)
+        #: Width ``m`` of the achieved-goal key.
+        self.achieved_size = achieved_size
         self.observation_space = spaces.Dict(
             {
                 **task_spaces,
@@ -113,7 +114,7 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         """The token of the first goal not yet completed, 0 once the instruction is complete."""
         if self._progress >= self._n_goals:
             return 0
-        return int(self._instruction[self._progress])
+        return int(self.instruction[self._progress])
 
     @abc.abstractmethod
     def _reset_task(self) -> None:
@@ -168,7 +169,7 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
             self._set_instruction(self._sample_goals(n))
         self._progress = 0
         self._t = 0
-        achieved = np.zeros(self.observation_space[ACHIEVED_KEY].shape, dtype=np.int64)
+        achieved = np.zeros(self.achieved_size, dtype=np.int64)
         return self._observation(achieved, 0.0), self._info()
 
     def step(self, action: np.int64 | int) -> tuple[dict[str, np.ndarray], SupportsFloat, bool, bool, dict[str, Any]]:
@@ -177,7 +178,7 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
             raise RuntimeError("Call reset() before step().")
         check_action(self.action_space, action)
         tokens, failed = self._act(int(action))
-        achieved = np.zeros(self.observation_space[ACHIEVED_KEY].shape, dtype=np.int64)
+        achieved = np.zeros(self.achieved_size, dtype=np.int64)
         if len(tokens) > len(achieved):
             raise RuntimeError(f"{len(tokens)} goals achieved in one step, more than the {len(achieved)} slots")
         achieved[: len(tokens)] = tokens
@@ -192,19 +193,3 @@ class InstructionEnv(gym.Env[dict[str, np.ndarray], np.int64], abc.ABC):
         terminated = info["success"] or failed
         truncated = self._t >= self.horizon and not terminated
         return self._observation(achieved, reward), reward, terminated, truncated, info
-
-
-def instruction_family() -> list[EnvRegistration]:
-    """The instruction envs' ids, as a family of :mod:`sb3_amago.envs.registration`.
-
-    ``amago-MazeRunner-v0`` (15 x 15), ``amago-MazeRunner7-v0`` (7 x 7, for quick examples),
-    ``amago-PackageDelivery-v0`` and ``amago-CrafterInstructions-v0`` (needs the ``envs`` extra).
-    """
-    maze = "sb3_amago.envs.maze_runner:MazeRunner"
-    return [
-        EnvRegistration("amago-MazeRunner-v0", maze, {"size": 15}),
-        EnvRegistration("amago-MazeRunner7-v0", maze, {"size": 7}),
-        EnvRegistration("amago-PackageDelivery-v0", "sb3_amago.envs.package_delivery:PackageDelivery"),
-        EnvRegistration("amago-CrafterInstructions-v0", "sb3_amago.envs.crafter_instructions:CrafterInstructions"),
-    ]
-

@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_action, check_int
+from sb3_amago.envs.checks import check_action, check_int
 from sb3_amago.wrappers import TrialsWrapper
 
 #: Row/column change of each action: stay, up, down, left, right.

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_int
+from sb3_amago.envs.checks import check_int
 from sb3_amago.envs.instruction import InstructionEnv
-from sb3_amago.wrappers import OBS_KEY
+from sb3_amago.keys import OBS_KEY
 
 MIN_SIZE, MAX_SIZE = 3, 30
 #: (row, col) offsets of the move actions 0 up, 1 right, 2 down, 3 left.
@@ -193,7 +193,7 @@ class MazeRunner(InstructionEnv):
                 if self.passages[row, col, 2]:
                     grid[2 * row + 2, 2 * col + 1] = " "
         for slot in range(self._progress, self._n_goals):
-            row, col = self.token_cell(int(self._instruction[slot]))
+            row, col = self.token_cell(int(self.instruction[slot]))
             grid[2 * row + 1, 2 * col + 1] = str(slot + 1)
         grid[2 * self.agent[0] + 1, 2 * self.agent[1] + 1] = "@"
         return "\n".join("".join(line) for line in grid)

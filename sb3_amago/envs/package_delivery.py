@@ -34,9 +34,9 @@ from collections.abc import Sequence
 import numpy as np
 from gymnasium import spaces
 
-from sb3_amago.envs import check_int
+from sb3_amago.envs.checks import check_int
 from sb3_amago.envs.instruction import InstructionEnv
-from sb3_amago.wrappers import OBS_KEY
+from sb3_amago.keys import OBS_KEY
 
 #: Most forks allowed: the address vocabulary grows as ``2 ** n_forks``.
 MAX_FORKS = 8

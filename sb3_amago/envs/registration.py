@@ -15,6 +15,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from sb3_amago.envs.popgym_ranges import POPGYM_RETURN_RANGES
+
 #: Prefix of every id registered by this package.
 ID_PREFIX = "amago-"
 
@@ -41,8 +43,6 @@ def tmaze_family() -> list[EnvRegistration]:
 
 def popgym_family() -> list[EnvRegistration]:
     """``amago-popgym-<Name>-v0`` for each of POPGym 1.0.7's 48 envs (names from the return table)."""
-    from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES
-
     return [
         EnvRegistration(f"{ID_PREFIX}popgym-{name}-v0", "sb3_amago.envs.popgym_envs:make_popgym", {"name": name})
         for name in POPGYM_RETURN_RANGES
@@ -58,10 +58,16 @@ def meta_rl_family() -> list[EnvRegistration]:
 
 
 def instruction_family() -> list[EnvRegistration]:
-    """The instruction-following envs: MazeRunner, Package Delivery, Crafter instructions."""
-    from sb3_amago.envs.instruction import instruction_family as family
-
-    return family()
+    """The instruction-following envs: ``amago-MazeRunner-v0`` (15 x 15), ``amago-MazeRunner7-v0`` (7 x 7, for quick examples),
+    ``amago-PackageDelivery-v0`` and ``amago-CrafterInstructions-v0`` (needs the ``envs`` extra).
+    """
+    maze = "sb3_amago.envs.maze_runner:MazeRunner"
+    return [
+        EnvRegistration(f"{ID_PREFIX}MazeRunner-v0", maze, {"size": 15}),
+        EnvRegistration(f"{ID_PREFIX}MazeRunner7-v0", maze, {"size": 7}),
+        EnvRegistration(f"{ID_PREFIX}PackageDelivery-v0", "sb3_amago.envs.package_delivery:PackageDelivery"),
+        EnvRegistration(f"{ID_PREFIX}CrafterInstructions-v0", "sb3_amago.envs.crafter_instructions:CrafterInstructions"),
+    ]
 
 
 #: The family functions :func:`register_envs` registers; append yours here.

@@ -1,7 +1,7 @@
 """Networks: timestep encoders, trajectory encoders (sequence models) and their building blocks."""
 
 from sb3_amago.nets.base import TrajEncoder
-from sb3_amago.nets.factory import TRAJ_ENCODERS, make_traj_encoder
+from sb3_amago.nets.factory import TRAJ_ENCODERS, make_traj_encoder, traj_encoder_class
 from sb3_amago.nets.ff import FFState, FFTrajEncoder
 from sb3_amago.nets.gru import GRUState, GRUTrajEncoder
 from sb3_amago.nets.sigma_reparam import SigmaReparamLinear
@@ -18,4 +18,5 @@ __all__ = [
     "TransformerState",
     "TransformerTrajEncoder",
     "make_traj_encoder",
+    "traj_encoder_class",
 ]

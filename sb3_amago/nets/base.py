@@ -35,12 +35,12 @@ class TrajEncoder(nn.Module, ABC):
         """Size of each output state."""
 
     @abstractmethod
-    def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
+    def forward(self, x: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
         """Full-sequence pass.
 
         :param x: timestep embeddings ``(B, L, d_in)``
         :param time_idx: global time index of each step in its rollout ``(B, L)`` (int64)
-        :param pad_mask: ``(B, L)`` bool, True where the step is real; padding is on the right
+        :param real: ``(B, L)`` bool, True where the step is real; padding is on the right
         :return: states ``(B, L, out_dim)``; padded positions hold unspecified finite values
         """
 

@@ -43,11 +43,11 @@ class FFTrajEncoder(TrajEncoder):
             x = layer(x) if i == 0 else layer(F.leaky_relu(x))
         return self.out_norm(x)
 
-    def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
-        """:param x: ``(B, L, d_in)``; ``time_idx`` (unused); ``pad_mask`` ``(B, L)``
+    def forward(self, x: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
+        """:param x: ``(B, L, d_in)``; ``time_idx`` (unused); ``real`` ``(B, L)``
         :return: ``(B, L, d_hidden)``
         """
-        return self._mlp(x.masked_fill(~pad_mask.unsqueeze(-1), 0.0))
+        return self._mlp(x.masked_fill(~real.unsqueeze(-1), 0.0))
 
     def init_state(self, n_envs: int, device: th.device | str, dtype: th.dtype = th.float32) -> FFState:
         return FFState(n_envs=n_envs)

@@ -51,17 +51,17 @@ class GRUTrajEncoder(TrajEncoder):
 
         The GRU runs in its parameters' dtype (CPU autocast leaves it in float32).
         """
-        dtype = self.gru.weight_ih_l0.dtype
+        dtype = next(self.gru.parameters()).dtype
         if hidden is not None:
             hidden = hidden.to(dtype)
         out, hidden = self.gru(x.to(dtype), hidden)
         return self.out_norm(out), hidden
 
-    def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
-        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` (unused); ``pad_mask`` ``(B, L)``
+    def forward(self, x: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
+        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` (unused); ``real`` ``(B, L)``
         :return: ``(B, L, d_hidden)``
         """
-        return self._run(x.masked_fill(~pad_mask.unsqueeze(-1), 0.0), None)[0]
+        return self._run(x.masked_fill(~real.unsqueeze(-1), 0.0), None)[0]
 
     def init_state(self, n_envs: int, device: th.device | str, dtype: th.dtype = th.float32) -> GRUState:
         return GRUState(hidden=th.zeros(self.n_layers, n_envs, self.d_hidden, device=device, dtype=dtype))

@@ -1,19 +1,20 @@
 """Actor and critic heads that sit on top of the shared trajectory encoder.
 
-``G`` is the number of discount factors, ``C`` the number of critics, ``A`` the action size
-(number of actions for Discrete, action dimension for Box, sum of the choices for MultiDiscrete).
+``G`` is the number of discount factors, ``C`` the number of critics, ``A`` the width of an encoded
+action (number of actions for Discrete, action dimension for Box, sum of the choices for
+MultiDiscrete). What depends on the action space lives in :mod:`sb3_amago.distributions`.
 """
 
+import abc
+import itertools
 import math
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch as th
-from gymnasium import spaces
 from torch import nn
-from torch.nn import functional as F
 
-PROB_MIN, PROB_MAX = 1e-3, 0.99
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+if TYPE_CHECKING:
+    from sb3_amago.distributions import ActionType
 
 
 def symlog(x: th.Tensor) -> th.Tensor:
@@ -42,107 +43,81 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | Non
     """A leaky-ReLU MLP; with ``n_members`` it is an ensemble of that many MLPs run in one pass."""
     sizes = (in_dim, *hidden, out_dim)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b) if n_members is None else EnsembleLinear(n_members, a, b))
         if i < len(sizes) - 2:
             layers.append(nn.LeakyReLU())
     return nn.Sequential(*layers)
 
 
-def action_size(action_space: spaces.Space) -> int:
-    """``A``: the width of one action's one-hot / continuous encoding."""
-    if isinstance(action_space, spaces.Discrete):
-        return int(action_space.n)
-    if isinstance(action_space, spaces.MultiDiscrete):
-        return int(np.sum(action_space.nvec))
-    if isinstance(action_space, spaces.Box):
-        return int(np.prod(action_space.shape))
-    raise ValueError(
-        f"AMAGO supports Discrete, MultiDiscrete and Box action spaces, got {action_space}. "
-        "Wrap the env to expose one of these (e.g. flatten a Tuple of Discretes into MultiDiscrete)."
-    )
-
-
-def action_nvec(action_space: spaces.Space) -> list[int]:
-    """Number of choices of each sub-action: ``[n]`` for Discrete, ``nvec`` for MultiDiscrete."""
-    if isinstance(action_space, spaces.Discrete):
-        return [int(action_space.n)]
-    return [int(n) for n in np.asarray(action_space.nvec).reshape(-1)]
-
-
-def clamp_probs(probs: th.Tensor) -> th.Tensor:
-    """Clamp probabilities to [0.001, 0.99] along the last axis and renormalise."""
-    probs = probs.clamp(PROB_MIN, PROB_MAX)
-    return probs / probs.sum(-1, keepdim=True)
-
-
 class ActorHead(nn.Module):
-    """One action distribution per discount factor.
+    """One action distribution per discount factor: an MLP whose output layer the action type reads.
 
-    Output of ``forward`` for states ``(..., D)``:
-      * Discrete: probabilities ``(..., G, n)`` (clamped, renormalised)
-      * MultiDiscrete: probabilities per sub-action, concatenated ``(..., G, sum(nvec))``
-      * Box: ``(mean, log_std)``, each ``(..., G, A)``; actions are ``tanh`` of a Gaussian sample
+    ``forward`` maps states ``(..., D)`` to the action type's actor output (see
+    :mod:`sb3_amago.distributions`): probabilities ``(..., G, A)`` for Discrete and MultiDiscrete,
+    ``(mean, log_std)`` of ``(..., G, A)`` each for Box.
     """
 
-    def __init__(self, state_dim: int, action_space: spaces.Space, n_gammas: int, hidden: tuple[int, ...] = (256, 256)):
+    def __init__(self, state_dim: int, action_type: "ActionType", n_gammas: int, hidden: tuple[int, ...] = (256, 256)):
         super().__init__()
-        self.action_space = action_space
+        self.action_type = action_type
         self.n_gammas = n_gammas
-        self.action_dim = action_size(action_space)
-        self.continuous = isinstance(action_space, spaces.Box)
-        out = n_gammas * self.action_dim * (2 if self.continuous else 1)
-        self.net = mlp(state_dim, hidden, out)
-        self.nvec = action_nvec(action_space) if isinstance(action_space, spaces.MultiDiscrete) else None
+        self.net = mlp(state_dim, hidden, n_gammas * action_type.actor_output_dim)
 
-    def forward(self, state: th.Tensor) -> th.Tensor | tuple[th.Tensor, th.Tensor]:
-        out = self.net(state)
-        if self.continuous:
-            out = out.view(*state.shape[:-1], self.n_gammas, 2, self.action_dim)
-            mean, log_std = out.unbind(-2)
-            return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-        logits = out.view(*state.shape[:-1], self.n_gammas, self.action_dim)
-        if self.nvec is None:
-            return clamp_probs(F.softmax(logits, dim=-1))
-        return th.cat([clamp_probs(F.softmax(part, dim=-1)) for part in logits.split(self.nvec, dim=-1)], dim=-1)
+    def forward(self, state: th.Tensor) -> Any:
+        raw = self.net(state).view(*state.shape[:-1], self.n_gammas, self.action_type.actor_output_dim)
+        return self.action_type.actor_output(raw)
 
 
-class CriticEnsemble(nn.Module):
+class CriticEnsemble(nn.Module, abc.ABC):
     """``C`` critics, each with one output per discount factor, run as one batched module.
 
-    * Discrete: ``forward(state (..., D))`` -> raw values of every action ``(..., C, G, n)``.
-    * Box / MultiDiscrete: ``forward(state (..., D), action (..., G, A))`` -> ``(..., C, G)``; the
-      input of each (critic, gamma) is ``[state, symlog(1 / (1 - gamma)), action]``.
+    :param state_dim: ``D``
+    :param encoded_dim: ``A``, the width of an encoded action (the number of actions for Discrete)
+    :param gammas: ``(G,)`` the discount factors
     """
 
+    gamma_feat: th.Tensor
+
     def __init__(
-        self,
-        state_dim: int,
-        action_space: spaces.Space,
-        gammas: th.Tensor,
-        n_critics: int = 4,
-        hidden: tuple[int, ...] = (256, 256),
+        self, state_dim: int, encoded_dim: int, gammas: th.Tensor, n_critics: int = 4, hidden: tuple[int, ...] = (256, 256)
     ) -> None:
         super().__init__()
         self.n_critics = n_critics
         self.n_gammas = len(gammas)
-        self.action_dim = action_size(action_space)
-        self.discrete = isinstance(action_space, spaces.Discrete)
+        self.encoded_dim = encoded_dim
         self.register_buffer("gamma_feat", gamma_features(gammas.float()))  # (G, 1)
-        if self.discrete:
-            self.net = mlp(state_dim, hidden, self.n_gammas * self.action_dim, n_members=n_critics)
-        else:
-            self.net = mlp(state_dim + 1 + self.action_dim, hidden, 1, n_members=n_critics)
+        self.net = self._make_net(state_dim, hidden)
 
-    def forward(self, state: th.Tensor, action: th.Tensor | None = None) -> th.Tensor:
+    @abc.abstractmethod
+    def _make_net(self, state_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
+        """The ensemble's MLP (built after ``gamma_feat``, so parameters initialise in a fixed order)."""
+
+
+class EveryActionCritics(CriticEnsemble):
+    """Discrete critics: ``forward(state (..., D))`` -> raw values of every action ``(..., C, G, n)``."""
+
+    def _make_net(self, state_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
+        return mlp(state_dim, hidden, self.n_gammas * self.encoded_dim, n_members=self.n_critics)
+
+    def forward(self, state: th.Tensor) -> th.Tensor:
         lead = state.shape[:-1]
-        if self.discrete:
-            x = state.reshape(1, -1, state.shape[-1]).expand(self.n_critics, -1, -1)
-            out = self.net(x).view(self.n_critics, *lead, self.n_gammas, self.action_dim)
-            return out.movedim(0, -3)  # (..., C, G, n)
-        assert action is not None, "continuous and MultiDiscrete critics need an action input"
+        x = state.reshape(1, -1, state.shape[-1]).expand(self.n_critics, -1, -1)
+        out = self.net(x).view(self.n_critics, *lead, self.n_gammas, self.encoded_dim)
+        return out.movedim(0, -3)  # (..., C, G, n)
+
+
+class ActionInputCritics(CriticEnsemble):
+    """Box / MultiDiscrete critics: ``forward(state (..., D), action (..., G, A))`` -> ``(..., C, G)``;
+    the input of each (critic, gamma) is ``[state, symlog(1 / (1 - gamma)), encoded action]``."""
+
+    def _make_net(self, state_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
+        return mlp(state_dim + 1 + self.encoded_dim, hidden, 1, n_members=self.n_critics)
+
+    def forward(self, state: th.Tensor, action: th.Tensor) -> th.Tensor:
+        lead = state.shape[:-1]
         tiled = state.unsqueeze(-2).expand(*lead, self.n_gammas, state.shape[-1])  # (..., G, D)
         gfeat = self.gamma_feat.to(state.dtype).expand(*lead, self.n_gammas, 1)
-        x = th.cat([tiled, gfeat, action], dim=-1).reshape(1, -1, tiled.shape[-1] + 1 + self.action_dim)
+        x = th.cat([tiled, gfeat, action], dim=-1).reshape(1, -1, tiled.shape[-1] + 1 + self.encoded_dim)
         out = self.net(x.expand(self.n_critics, -1, -1)).view(self.n_critics, *lead, self.n_gammas)
         return out.movedim(0, -2)  # (..., C, G)

@@ -19,7 +19,7 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor, NatureC
 from torch import nn
 from torch.nn import functional as F
 
-from sb3_amago.goals import INSTRUCTION_KEY
+from sb3_amago.keys import INSTRUCTION_KEY, OBS_KEY
 
 CNN_TYPES = ("auto", "nature", "impala", "small")
 # SB3's NatureCNN (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 convolutions) needs this many pixels per side.
@@ -27,15 +27,13 @@ NATURE_CNN_MIN_SIZE = 36
 # SmallImageCNN pools its feature maps down to at most this many cells per side before its linear layer.
 SMALL_CNN_MAX_GRID = 8
 SUMMARY_TYPES = ("gru", "mlp")
-# Key under which a non-Dict observation space is handled internally.
-SINGLE_KEY = "obs"
 
 
 def as_space_dict(space: spaces.Space) -> dict[str, spaces.Space]:
-    """The sub-spaces of a Dict space, or ``{SINGLE_KEY: space}`` for any other space."""
+    """The sub-spaces of a Dict space, or ``{OBS_KEY: space}`` for any other space."""
     if isinstance(space, spaces.Dict):
         return dict(space.spaces)
-    return {SINGLE_KEY: space}
+    return {OBS_KEY: space}
 
 
 def channels_first_space(space: spaces.Box) -> spaces.Box:
@@ -235,7 +233,7 @@ class AmagoExtractor(BaseFeaturesExtractor):
         encoders: dict[str, nn.Module] = {}
         total = 0
         for key, space in as_space_dict(observation_space).items():
-            if is_image_space(space):
+            if isinstance(space, spaces.Box) and is_image_space(space):
                 encoders[key] = ImageEncoder(space, cnn, cnn_features_dim)
                 total += cnn_features_dim
             elif self.is_dict and key in instruction_keys and isinstance(space, spaces.MultiDiscrete):
@@ -249,5 +247,5 @@ class AmagoExtractor(BaseFeaturesExtractor):
 
     def forward(self, observations: th.Tensor | dict[str, th.Tensor]) -> th.Tensor:
         """Preprocessed observations ``(B, ...)`` (or a dict of them) -> ``(B, features_dim)``"""
-        obs = observations if self.is_dict else {SINGLE_KEY: observations}
+        obs = observations if isinstance(observations, dict) else {OBS_KEY: observations}
         return th.cat([encoder(obs[key]) for key, encoder in self.encoders.items()], dim=1)

@@ -23,6 +23,12 @@ class PopArt(nn.Module):
     :param bias_correction: correct the rate for the statistics' zero start
     """
 
+    w: th.Tensor
+    b: th.Tensor
+    mu: th.Tensor
+    nu: th.Tensor
+    n_updates: th.Tensor
+
     def __init__(
         self, n_gammas: int, beta: float = 5e-4, init_nu: float = 100.0, trainable: bool = True, bias_correction: bool = True
     ) -> None:
@@ -60,15 +66,15 @@ class PopArt(nn.Module):
         return (target - self.mu) / self.sigma
 
     @th.no_grad()
-    def update_stats(self, target: th.Tensor, mask: th.Tensor) -> None:
-        """Move the statistics towards the masked targets, keeping outputs unchanged. With
+    def update_stats(self, target: th.Tensor, real: th.Tensor) -> None:
+        """Move the statistics towards the real targets, keeping outputs unchanged. With
         :attr:`reduce_moments` set, the count and sums ``(1 + 2G,)`` are summed over the
         data-parallel ranks first, so that every rank moves by all ranks' targets.
 
         :param target: ``(..., G)`` TD targets
-        :param mask: ``(...)`` bool, which targets count
+        :param real: ``(...)`` bool, which targets count
         """
-        weights = mask.to(target.dtype).unsqueeze(-1)  # (..., 1)
+        weights = real.to(target.dtype).unsqueeze(-1)  # (..., 1)
         dims = tuple(range(target.ndim - 1))
         moments = th.cat([weights.sum().reshape(1), (target * weights).sum(dims), (target**2 * weights).sum(dims)])
         if self.reduce_moments is not None:

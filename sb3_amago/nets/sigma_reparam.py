@@ -29,6 +29,9 @@ class SigmaReparamLinear(nn.Module):
     :param bias: whether to learn an additive bias
     """
 
+    u: th.Tensor
+    v: th.Tensor
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
         self.in_features = in_features

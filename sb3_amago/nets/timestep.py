@@ -9,23 +9,21 @@ Pipeline for a batch of windows ``(B, L)``::
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape, is_image_space, preprocess_obs
+from stable_baselines3.common.preprocessing import get_obs_shape, is_image_space, preprocess_obs
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
-from torch.nn import functional as F
 
-from sb3_amago.goals import ACHIEVED_KEY, INSTRUCTION_KEY
-from sb3_amago.nets.heads import action_nvec
-from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, SINGLE_KEY, AmagoExtractor, as_space_dict
+from sb3_amago.distributions import make_action_type
+from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, OBS_KEY
+from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
 OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
-ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete)
 
 
 class RunningNorm(nn.Module):
@@ -42,6 +40,10 @@ class RunningNorm(nn.Module):
     :param eps: added to the variance
     :param clip: normalised values are clipped to ``[-clip, clip]``
     """
+
+    mean: th.Tensor
+    var: th.Tensor
+    debias: th.Tensor
 
     def __init__(self, shape: tuple[int, ...], rate: float = 1e-4, eps: float = 1e-8, clip: float = 10.0) -> None:
         super().__init__()
@@ -136,9 +138,8 @@ class TimestepEncoder(nn.Module):
         for key, space in self.obs_spaces.items():
             if not isinstance(space, OBS_SPACES):
                 raise ValueError(f"Observation '{key}': unsupported space {space}, expected one of {OBS_SPACES}")
-        if not isinstance(action_space, ACTION_SPACES):
-            raise ValueError(f"Unsupported action space {action_space}, expected one of {ACTION_SPACES}")
-        self.action_dim = get_action_dim(action_space)
+        self.action_type = make_action_type(action_space)
+        self.action_dim = self.action_type.action_dim
         self.obs_norms = nn.ModuleDict(
             {
                 key: RunningNorm(space.shape)
@@ -150,7 +151,7 @@ class TimestepEncoder(nn.Module):
         self._start_buffers: dict[str, str] = {}
         for i, (key, space) in enumerate(self.obs_spaces.items()):
             if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-                start = np.asarray(space.start, dtype=np.int64).reshape(get_obs_shape(space))
+                start = np.asarray(space.start, dtype=np.int64).reshape(cast(tuple[int, ...], get_obs_shape(space)))
                 self._start_buffers[key] = f"obs_start_{i}"
                 self.register_buffer(self._start_buffers[key], th.as_tensor(start), persistent=False)
         extractor_kwargs = dict(features_extractor_kwargs or {})
@@ -173,7 +174,7 @@ class TimestepEncoder(nn.Module):
 
         :raises ValueError: if the extractor cannot take the image sizes
         """
-        images = {key: tuple(space.shape) for key, space in self.obs_spaces.items() if is_image_space(space)}
+        images = {key: tuple(space.shape or ()) for key, space in self.obs_spaces.items() if is_image_space(space)}
         try:
             extractor = extractor_class(self.observation_space, **kwargs)
             if images:
@@ -183,7 +184,7 @@ class TimestepEncoder(nn.Module):
                 }
                 training = extractor.training
                 with th.no_grad():
-                    extractor.eval()(blank if isinstance(self.observation_space, spaces.Dict) else blank[SINGLE_KEY])
+                    extractor.eval()(blank if isinstance(self.observation_space, spaces.Dict) else blank[OBS_KEY])
                 extractor.train(training)
         except RuntimeError as exc:
             if not images:
@@ -199,11 +200,7 @@ class TimestepEncoder(nn.Module):
     @property
     def action_features_dim(self) -> int:
         """Size of the previous-action features: the action encoding plus a "first step" flag."""
-        if isinstance(self.action_space, spaces.Discrete):
-            return int(self.action_space.n) + 1
-        if isinstance(self.action_space, spaces.MultiDiscrete):
-            return int(np.sum(self.action_space.nvec)) + 1
-        return self.action_dim + 1
+        return self.action_type.encoded_dim + 1
 
     def _validated_obs(self, obs: TensorObs, batch: int, length: int) -> dict[str, th.Tensor]:
         """Check every observation part; Discrete parts come back as ``(B, L, 1)``."""
@@ -211,13 +208,13 @@ class TimestepEncoder(nn.Module):
         if is_dict != isinstance(obs, dict):
             expected = "a dict of tensors" if is_dict else "a tensor"
             raise ValueError(f"Observation: expected {expected} for {self.observation_space}, received {type(obs)}")
-        obs_dict = obs if is_dict else {SINGLE_KEY: obs}
+        obs_dict = obs if isinstance(obs, dict) else {OBS_KEY: obs}
         out = {}
         for key, space in self.obs_spaces.items():
             if key not in obs_dict:
                 raise ValueError(f"Observation key '{key}' is missing: expected keys {list(self.obs_spaces)}")
             x = obs_dict[key]
-            shape = (1,) if isinstance(space, spaces.Discrete) else tuple(space.shape)
+            shape = (1,) if isinstance(space, spaces.Discrete) else tuple(space.shape or ())
             accepted = [(batch, length, *shape)] + ([(batch, length)] if isinstance(space, spaces.Discrete) else [])
             if not isinstance(x, th.Tensor) or tuple(x.shape) not in accepted:
                 received = tuple(x.shape) if isinstance(x, th.Tensor) else type(x)
@@ -230,8 +227,8 @@ class TimestepEncoder(nn.Module):
             out[key] = x.reshape(batch, length, *shape)
         return out
 
-    def _check_inputs(self, prev_actions: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> None:
-        batch, length = pad_mask.shape
+    def _check_inputs(self, prev_actions: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> None:
+        batch, length = real.shape
         if tuple(prev_actions.shape) != (batch, length, self.action_dim):
             raise ValueError(
                 f"prev_actions: expected shape {(batch, length, self.action_dim)} (B, L, action_dim), "
@@ -248,37 +245,34 @@ class TimestepEncoder(nn.Module):
         :return: ``(B, L, action_features_dim)`` float
         """
         first = (time_idx == 0).unsqueeze(-1)  # (B, L, 1)
-        if isinstance(self.action_space, spaces.Box):
-            encoded = prev_actions.float()
-        else:
-            indices = prev_actions.long()  # (B, L, n_dims)
-            encoded = th.cat(
-                [F.one_hot(indices[..., i].clamp(0, n - 1), n) for i, n in enumerate(action_nvec(self.action_space))], dim=-1
-            ).float()
+        encoded = self.action_type.encode(prev_actions).float()  # (B, L, A)
         return th.cat([encoded.masked_fill(first, 0.0), first.float()], dim=-1)
 
-    def forward(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
+    def forward(self, obs: TensorObs, prev_actions: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
         """:param obs: ``(B, L, *obs_shape)`` tensor or dict of them, in the raw dtypes
         :param prev_actions: ``(B, L, action_dim)`` float, the action that led to each step
         :param time_idx: ``(B, L)`` int64 global time index
-        :param pad_mask: ``(B, L)`` bool, True for real steps
+        :param real: ``(B, L)`` bool, True for real steps
         :return: ``(B, L, d_out)``; padded rows are zero
         """
-        batch, length = pad_mask.shape
-        self._check_inputs(prev_actions, time_idx, pad_mask)
+        batch, length = real.shape
+        self._check_inputs(prev_actions, time_idx, real)
         obs_dict = self._validated_obs(obs, batch, length)
-        real = pad_mask.reshape(-1)  # (B * L,)
-        flat = {}
+        real_rows = real.reshape(-1)  # (B * L,)
+        flat: dict[str, th.Tensor] = {}
+        embedding_dtype = next(self.mlp.parameters()).dtype
         for key, x in obs_dict.items():
             x = x.reshape(batch * length, *x.shape[2:])
             if key in self._start_buffers:
                 x = x - self.get_buffer(self._start_buffers[key]).to(x.dtype)
-            x = th.where(real.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
+            x = th.where(real_rows.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
             if key in self.obs_norms:
-                x = self.obs_norms[key](x, real)
-            flat[key] = preprocess_obs(x, self.obs_spaces[key]).to(self.mlp[-1].weight.dtype)
-        extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[SINGLE_KEY]
+                x = self.obs_norms[key](x, real_rows)
+            processed = preprocess_obs(x, self.obs_spaces[key])
+            assert isinstance(processed, th.Tensor), "a part of a flat Dict preprocesses to one tensor"
+            flat[key] = processed.to(embedding_dtype)
+        extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[OBS_KEY]
         features = self.features_extractor(extractor_input).reshape(batch, length, -1)  # (B, L, F)
         actions = self.action_features(prev_actions, time_idx).to(features.dtype)  # (B, L, A + 1)
         out = self.mlp(th.cat([features, actions], dim=-1))  # (B, L, d_out)
-        return out.masked_fill(~pad_mask.unsqueeze(-1), 0.0)
+        return out.masked_fill(~real.unsqueeze(-1), 0.0)

@@ -21,6 +21,7 @@ O(n_layers * max_seq_len^2 * d_model) work per step for those envs only.
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch as th
 from torch import nn
@@ -142,7 +143,7 @@ class TransformerBlock(nn.Module):
         return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
     def step(
-        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, valid: th.Tensor, rotary: Rotary
+        self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, filled: th.Tensor, rotary: Rotary
     ) -> th.Tensor:
         """One new position per env, attending over a cache that it first writes into.
 
@@ -150,7 +151,7 @@ class TransformerBlock(nn.Module):
         :param keys: this layer's key cache ``(N, H, S, Dh)``, updated in place at ``slot``
         :param values: value cache, same shape
         :param slot: ``(N,)`` int64 cache slot of the new position
-        :param valid: ``(N, S')`` bool, the slots ``[:S']`` the new position attends to
+        :param filled: ``(N, S')`` bool, the slots ``[:S']`` the new position attends to
         :param rotary: rotary tables of the new position (keys are cached already rotated)
         :return: ``(N, D)``
         """
@@ -158,12 +159,12 @@ class TransformerBlock(nn.Module):
         q, k, v = self._qkv(x.unsqueeze(1), rotary)  # (N, H, 1, Dh)
         keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
         values[envs, :, slot] = v[:, :, 0].to(values.dtype)
-        width = valid.shape[1]
+        width = filled.shape[1]
         attn = F.scaled_dot_product_attention(
             q,
             keys[:, :, :width].to(q.dtype),
             values[:, :, :width].to(q.dtype),
-            attn_mask=valid[:, None, None, :],
+            attn_mask=filled[:, None, None, :],
         )  # (N, H, 1, Dh)
         return self._finish(x.unsqueeze(1), attn).squeeze(1)
 
@@ -205,7 +206,9 @@ class TransformerTrajEncoder(TrajEncoder):
         if pos_emb == "sinusoidal" and d_model % 2 != 0:
             raise ValueError(f"The sinusoidal position embedding needs an even d_model, got {d_model}")
         if pos_emb == "rotary" and (d_model // n_heads) % 2 != 0:
-            raise ValueError(f"The rotary position embedding needs an even head size, got d_model / n_heads = {d_model // n_heads}")
+            raise ValueError(
+                f"The rotary position embedding needs an even head size, got d_model / n_heads = {d_model // n_heads}"
+            )
         if pos_emb == "learnable" and (max_time is None or max_time < 1):
             raise ValueError(f"pos_emb='learnable' needs max_time >= 1 (the longest rollout, in steps), got {max_time}")
         self.d_model = d_model
@@ -214,7 +217,7 @@ class TransformerTrajEncoder(TrajEncoder):
         self.pos_emb_type = pos_emb
         self.max_time = max_time
         self.input_proj = nn.Linear(d_in, d_model)
-        self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" else None
+        self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" and max_time is not None else None
         self.emb_dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers))
         self.out_norm = nn.LayerNorm(d_model)
@@ -231,10 +234,11 @@ class TransformerTrajEncoder(TrajEncoder):
         if checked.numel() == 0:
             return
         low, high = (int(v) for v in th.stack([checked.min(), checked.max()]).tolist())
-        if low < 0 or high >= self.max_time:
+        size = self.pos_table.num_embeddings
+        if low < 0 or high >= size:
             raise ValueError(
                 f"Time index {low if low < 0 else high} is outside the learnable position table of size "
-                f"max_time={self.max_time} (valid indices 0..{self.max_time - 1}); build the encoder with a larger max_time"
+                f"max_time={size} (valid indices 0..{size - 1}); build the encoder with a larger max_time"
             )
 
     def _embed(self, x: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
@@ -243,7 +247,7 @@ class TransformerTrajEncoder(TrajEncoder):
         if self.pos_emb_type == "sinusoidal":
             return h + sinusoidal_embedding(time_idx, self.d_model).to(h.dtype)
         if self.pos_table is not None:
-            return h + self.pos_table(time_idx.clamp(0, self.max_time - 1)).to(h.dtype)
+            return h + self.pos_table(time_idx.clamp(0, self.pos_table.num_embeddings - 1)).to(h.dtype)
         return h
 
     def _rotary(self, time_idx: th.Tensor) -> Rotary:
@@ -259,15 +263,15 @@ class TransformerTrajEncoder(TrajEncoder):
             h = block(h, rotary)
         return self.out_norm(h)
 
-    def forward(self, x: th.Tensor, time_idx: th.Tensor, pad_mask: th.Tensor) -> th.Tensor:
-        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` int64; ``pad_mask`` ``(B, L)`` bool
+    def forward(self, x: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:
+        """:param x: ``(B, L, d_in)``; ``time_idx`` ``(B, L)`` int64; ``real`` ``(B, L)`` bool
         :return: ``(B, L, d_model)``
         """
         length = x.shape[1]
         if length > self.max_seq_len:
             raise ValueError(f"Sequence length {length} exceeds max_seq_len={self.max_seq_len} of the Transformer encoder")
-        self._check_time(time_idx, pad_mask)
-        x = x.masked_fill(~pad_mask.unsqueeze(-1), 0.0)
+        self._check_time(time_idx, real)
+        x = x.masked_fill(~real.unsqueeze(-1), 0.0)
         return self._run_blocks(self._embed(x, time_idx), time_idx)
 
     def init_state(self, n_envs: int, device: th.device | str, dtype: th.dtype = th.float32) -> TransformerState:
@@ -298,11 +302,11 @@ class TransformerTrajEncoder(TrajEncoder):
         out = th.empty(n_envs, self.d_model, device=x.device, dtype=emb.dtype)
         if n_full < n_envs:
             width = min(max_count + 1, window)
-            valid = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
+            filled = th.arange(width, device=x.device) <= state.count.unsqueeze(1)  # (N, width)
             h = self.emb_dropout(emb)
             rotary = self._rotary(time_idx.unsqueeze(1))
-            for layer, block in enumerate(self.blocks):
-                h = block.step(h, state.keys[layer], state.values[layer], slot, valid, rotary)
+            for layer, block in enumerate(cast("list[TransformerBlock]", self.blocks)):
+                h = block.step(h, state.keys[layer], state.values[layer], slot, filled, rotary)
             out = self.out_norm(h)
         if n_full > 0:
             full_envs = full.nonzero().squeeze(1)  # (F,)

@@ -1,0 +1,290 @@
+"""The loss: its terms against hand computations (PopArt, the random critic pair, the TD target,
+the behaviour-cloning filter, masks), where each term's gradients go, and padding."""
+
+import numpy as np
+import pytest
+import torch as th
+from test_amago import ACTION_SPACES, CountingEnv, filled_model
+
+from sb3_amago import AMAGO, PrevRewardWrapper
+from sb3_amago.loss import LossConfig, amago_loss, bc_filter, masked_mean, pick_critics, target_values, td_target
+from sb3_amago.nets.popart import PopArt
+from sb3_amago.policies import TransformerPolicy
+from sb3_amago.type_aliases import TrajectoryBatch
+
+
+def loss_of(policy: TransformerPolicy, batch: TrajectoryBatch, cfg: LossConfig) -> tuple[th.Tensor, dict]:
+    """The loss as a training step computes it: encode, TD target, PopArt update, loss."""
+    states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
+    target = target_values(policy, batch, states, cfg)
+    policy.popart.update_stats(target, batch.real[:, 1:])
+    return amago_loss(policy, batch, states, target, cfg)
+
+
+def test_popart_update_preserves_outputs() -> None:
+    popart = PopArt(n_gammas=3)
+    raw_q = th.randn(5, 7, 4, 3)
+    with th.no_grad():
+        popart.w.copy_(th.tensor([0.5, 1.5, -2.0]))
+        popart.b.copy_(th.tensor([0.1, -0.3, 2.0]))
+    before = popart.denormalize(raw_q)
+    targets = 50.0 * th.randn(5, 7, 3) + 20.0
+    mask = th.rand(5, 7) > 0.3
+    popart.update_stats(targets, mask)
+    th.testing.assert_close(popart.denormalize(raw_q), before, atol=1e-4, rtol=1e-5)
+
+
+def test_popart_first_update_is_bias_corrected_masked_mean() -> None:
+    popart = PopArt(n_gammas=2, beta=5e-4)
+    targets = th.tensor([[[1.0, 10.0], [3.0, 30.0], [1000.0, 1000.0]]])  # (1, 3, 2)
+    mask = th.tensor([[True, True, False]])
+    popart.update_stats(targets, mask)
+    # Rate 1 on the first update: the statistics become the masked moments exactly.
+    th.testing.assert_close(popart.mu, th.tensor([2.0, 20.0]))
+    th.testing.assert_close(popart.nu, th.tensor([5.0, 500.0]))
+    th.testing.assert_close(popart.sigma, th.tensor([1.0, 10.0]))
+    # Second update: bias-corrected rate beta / (1 - (1 - beta)^2).
+    rate = 5e-4 / (1 - (1 - 5e-4) ** 2)
+    popart.update_stats(th.zeros(1, 3, 2), th.ones(1, 3, dtype=th.bool))
+    th.testing.assert_close(popart.mu, (1 - rate) * th.tensor([2.0, 20.0]))
+
+
+def _frequencies(values: th.Tensor, outcomes: list[float]) -> list[float]:
+    """Share of ``values`` equal to each outcome (every value must be one of them)."""
+    hits = th.stack([values == v for v in outcomes])
+    assert bool(hits.any(0).all()), "a value outside the possible outcomes"
+    return hits.flatten(1).float().mean(1).tolist()
+
+
+def test_pick_critics_min_of_two_draws_with_replacement_per_position() -> None:
+    """The min of n=2 critics drawn with replacement, independently per (b, t, g), and their mean without reduce_min."""
+    B, L, C, G = 100, 100, 4, 10  # 100k positions
+    critic_value = th.tensor([2.0, 0.0, 3.0, 1.0])  # critic c always outputs critic_value[c] (+ 100 g)
+    offset = 100.0 * th.arange(G).float()
+    q = (critic_value.view(1, 1, C, 1) + offset).expand(B, L, C, G).contiguous()
+
+    got = pick_critics(q, 2, reduce_min=True) - offset  # (B, L, G), back to critic values
+    # min of two uniform draws with replacement over the sorted values 0 < 1 < 2 < 3:
+    # P(min = k-th smallest) = ((C - k)^2 - (C - k - 1)^2) / C^2 = 7/16, 5/16, 3/16, 1/16. Without
+    # replacement it would be 3/6, 2/6, 1/6, 0: the largest value needs the same critic drawn twice.
+    freqs = _frequencies(got, [0.0, 1.0, 2.0, 3.0])
+    for freq, expected in zip(freqs, [7 / 16, 5 / 16, 3 / 16, 1 / 16]):
+        assert abs(freq - expected) < 0.01, freqs
+    # Draws are independent across batch, time and gamma: two neighbours agree with probability
+    # sum_k p_k^2 = 84/256, not 1 as they would if one draw were shared along that axis.
+    for a, b in ((got[1:], got[:-1]), (got[:, 1:], got[:, :-1]), (got[..., 1:], got[..., :-1])):
+        assert abs((a == b).float().mean().item() - 84 / 256) < 0.01
+
+    value = th.tensor([4.0, 0.0, 16.0, 1.0])  # every pair of critics has a distinct mean
+    q = (value.view(1, 1, C, 1) + offset).expand(B, L, C, G).contiguous()
+    got = pick_critics(q, 2, reduce_min=False) - offset
+    pairs = [(i, j) for i in range(C) for j in range(i, C)]
+    outcomes = [float(value[i] + value[j]) / 2 for i, j in pairs]
+    expected = [1 / 16 if i == j else 2 / 16 for i, j in pairs]
+    for freq, p in zip(_frequencies(got, outcomes), expected):
+        assert abs(freq - p) < 0.01
+
+
+def test_td_target_by_hand() -> None:
+    """y = k r + gamma (1 - d) q per (b, t, g), with q the same for every critic here."""
+    q = th.tensor([[[2.0, 4.0], [6.0, 8.0], [-1.0, 3.0]]])  # (B=1, L=3, G=2)
+    q_next = q.unsqueeze(2).expand(1, 3, 4, 2)  # four identical critics
+    reward = th.tensor([[1.0, 0.5, -2.0]])
+    terminated = th.tensor([[0.0, 1.0, 0.0]])
+    gammas = th.tensor([0.5, 0.9])
+    got = td_target(q_next, reward, terminated, gammas, LossConfig(reward_multiplier=10.0))
+    expected = th.tensor([[[10 + 0.5 * 2, 10 + 0.9 * 4], [5.0, 5.0], [-20 + 0.5 * -1, -20 + 0.9 * 3]]])
+    th.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("settings", "outcomes", "expected"),
+    [
+        ({"n_target_critics": 2}, [1.0, 5.0], [3 / 4, 1 / 4]),  # min of 2 draws
+        ({"n_target_critics": 3}, [1.0, 5.0], [7 / 8, 1 / 8]),  # min of 3 draws
+        ({"n_target_critics": 1}, [1.0, 5.0], [1 / 2, 1 / 2]),  # one critic
+        ({"n_target_critics": 2, "pg_weight": 0.0}, [1.0, 3.0, 5.0], [1 / 4, 1 / 2, 1 / 4]),  # mean of 2 draws
+    ],
+)
+def test_td_target_bootstraps_from_the_picked_critics(settings: dict, outcomes: list[float], expected: list[float]) -> None:
+    """The bootstrap value is the min (mean when pg_weight is 0) of cfg.n_target_critics critics drawn with replacement."""
+    B, L, G = 100, 100, 2
+    q_next = th.tensor([1.0, 5.0]).view(1, 1, 2, 1).expand(B, L, 2, G)  # critic 0 says 1, critic 1 says 5
+    target = td_target(q_next, th.zeros(B, L), th.zeros(B, L), th.tensor([0.5, 0.5]), LossConfig(**settings))
+    for freq, p in zip(_frequencies(target / 0.5, outcomes), expected):
+        assert abs(freq - p) < 0.02
+
+
+def _perturb(module: th.nn.Module) -> None:
+    """Add noise to every parameter of ``module``."""
+    with th.no_grad():
+        for p in module.parameters():
+            p.add_(0.5 * th.randn_like(p))
+
+
+@pytest.mark.parametrize("action_space", ["discrete", "box"])
+def test_td_target_comes_from_the_target_heads(action_space: str) -> None:
+    """Changing the online actor / critics leaves the TD target unchanged; changing the target heads changes it."""
+    model = filled_model(PrevRewardWrapper(CountingEnv(action_space=ACTION_SPACES[action_space])), steps=24)
+    policy = model.policy
+    policy.set_training_mode(False)  # no dropout, no running-statistics updates
+    batch = model.replay_buffer.sample(4)
+
+    def target() -> th.Tensor:
+        th.manual_seed(1)  # same critic draws (and Box policy samples) every time
+        states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
+        return target_values(policy, batch, states, LossConfig())
+
+    before = target()
+    _perturb(policy.actor)
+    _perturb(policy.critics)
+    assert th.equal(target(), before)
+    _perturb(policy.critics_target)
+    after_critics = target()
+    assert (after_critics - before).abs().max() > 1e-3
+    _perturb(policy.actor_target)
+    assert (target() - after_critics).abs().max() > 1e-3
+
+
+def test_popart_statistics_move_in_the_training_step_not_in_the_loss() -> None:
+    """amago_loss leaves PopArt's statistics as they are; AMAGO.train updates them with the batch's TD target."""
+    model = filled_model(PrevRewardWrapper(CountingEnv()), steps=24)
+    policy = model.policy
+    batch = model.replay_buffer.sample(4)
+    states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
+    target = target_values(policy, batch, states, LossConfig())
+    before = {k: v.clone() for k, v in policy.popart.state_dict().items()}
+    amago_loss(policy, batch, states, target, LossConfig())
+    for key, value in policy.popart.state_dict().items():
+        assert th.equal(value, before[key]), key
+    model.train(gradient_steps=1, batch_size=4)
+    assert not th.equal(policy.popart.mu, before["mu"])
+
+
+def test_masked_mean_ignores_masked_positions_and_broadcasts() -> None:
+    x = th.tensor([[[1.0, 3.0], [100.0, 100.0]], [[5.0, 7.0], [9.0, 11.0]]])  # (B=2, L=2, G=2)
+    mask = th.tensor([[True, False], [True, True]])
+    assert masked_mean(x, mask).item() == (1 + 3 + 5 + 7 + 9 + 11) / 6
+
+
+# --------------------------------------------------------------------------------------------
+# Loss terms by hand
+# --------------------------------------------------------------------------------------------
+def test_td_target_uses_a_random_critic_pair_per_position() -> None:
+    B, L, C, G = 2, 3, 4, 2
+    q_next = th.randn(B, L, C, G)
+    reward = th.tensor([[1.0, 0.0, 2.0], [0.5, -1.0, 0.0]])
+    terminated = th.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    gammas = th.tensor([0.9, 0.99])
+    cfg = LossConfig(reward_multiplier=10.0)
+    th.manual_seed(7)
+    got = td_target(q_next, reward, terminated, gammas, cfg)
+    th.manual_seed(7)
+    idx = th.randint(C, (B, L, 2, G))
+    for b in range(B):
+        for t in range(L):
+            for g in range(G):
+                q = min(q_next[b, t, idx[b, t, 0, g], g], q_next[b, t, idx[b, t, 1, g], g])
+                expected = 10.0 * reward[b, t] + gammas[g] * (1 - terminated[b, t]) * q
+                assert got[b, t, g].item() == pytest.approx(expected.item(), abs=1e-5)
+    # Without the policy-gradient term the pair is averaged instead.
+    th.manual_seed(7)
+    mean_target = td_target(q_next, reward, terminated, gammas, LossConfig(pg_weight=0.0))
+    q = (q_next[0, 0, idx[0, 0, 0, 1], 1] + q_next[0, 0, idx[0, 0, 1, 1], 1]) / 2
+    assert mean_target[0, 0, 1].item() == pytest.approx((10.0 + 0.99 * q).item(), abs=1e-5)
+
+
+def test_bc_filter_binary_and_exp() -> None:
+    adv = th.tensor([-1.0, 0.0, 0.5, 10.0])
+    assert bc_filter(adv, LossConfig()).tolist() == [0.0, 0.0, 1.0, 1.0]
+    exp = bc_filter(adv, LossConfig(filter_kind="exp", filter_beta=2.0, filter_clip=5.0))
+    th.testing.assert_close(exp, th.tensor([np.exp(-2.0), 1.0, np.exp(1.0), 5.0], dtype=th.float32))
+    with pytest.raises(ValueError, match="filter_kind"):
+        LossConfig(filter_kind="advantage")
+
+
+@pytest.fixture(scope="module", params=list(ACTION_SPACES))
+def counting_model(request: pytest.FixtureRequest) -> AMAGO:
+    env = PrevRewardWrapper(CountingEnv(action_space=ACTION_SPACES[request.param], random_length=True))
+    return filled_model(env, steps=48)
+
+
+def _loss_only(model: AMAGO, **weights: float) -> tuple[th.Tensor, dict]:
+    cfg = LossConfig(**{"critic_weight": 0.0, "pg_weight": 0.0, "bc_weight": 0.0, **weights})
+    model.policy.set_training_mode(True)
+    model.policy.zero_grad(set_to_none=True)
+    th.manual_seed(0)
+    np.random.seed(0)
+    batch = model.replay_buffer.sample(4)
+    loss, stats = loss_of(model.policy, batch, cfg)
+    loss.backward()
+    return loss, stats
+
+
+def _grad_norm(module: th.nn.Module) -> float:
+    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
+
+
+def test_policy_gradient_term_leaves_critics_untouched_and_reaches_encoder(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    _loss_only(counting_model, pg_weight=1.0)
+    assert _grad_norm(policy.critics) == 0.0
+    assert _grad_norm(policy.popart) == 0.0
+    assert _grad_norm(policy.actor) > 0.0
+    assert _grad_norm(policy.traj_encoder) > 0.0
+    assert _grad_norm(policy.timestep_encoder) > 0.0
+
+
+def test_critic_term_reaches_encoder_but_not_actor(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    _loss_only(counting_model, critic_weight=1.0)
+    assert _grad_norm(policy.critics) > 0.0
+    assert _grad_norm(policy.actor) == 0.0
+    assert _grad_norm(policy.traj_encoder) > 0.0
+
+
+def test_bc_term_trains_actor_and_encoder_only(counting_model: AMAGO) -> None:
+    """The behaviour-cloning term alone gives nonzero gradients to the actor and the encoder, none to the critics."""
+    policy = counting_model.policy
+    _, stats = _loss_only(counting_model, bc_weight=1.0)
+    assert stats["filter_pass_rate"] > 0, "the filter must let some buffer actions through for the term to act"
+    assert _grad_norm(policy.critics) == 0.0
+    assert _grad_norm(policy.popart) == 0.0
+    assert _grad_norm(policy.actor) > 0.0
+    assert _grad_norm(policy.traj_encoder) > 0.0
+    assert _grad_norm(policy.timestep_encoder) > 0.0
+
+
+def test_padding_positions_do_not_change_the_loss(counting_model: AMAGO) -> None:
+    policy = counting_model.policy
+    policy.set_training_mode(False)  # no dropout, no running-stat updates
+    np.random.seed(3)
+    batch = counting_model.replay_buffer.sample(4)
+    assert not bool(batch.real.all()), "the batch should contain padding (rollouts of different lengths are cut)"
+    noisy = batch._replace(
+        rewards=th.where(batch.real, batch.rewards, th.full_like(batch.rewards, 1e6)),
+        terminated=th.where(batch.real, batch.terminated, th.ones_like(batch.terminated)),
+    )
+    cfg = LossConfig()
+    state = {k: v.clone() for k, v in policy.popart.state_dict().items()}
+    th.manual_seed(0)
+    loss_a, _ = loss_of(policy, batch, cfg)
+    policy.popart.load_state_dict(state)
+    th.manual_seed(0)
+    loss_b, _ = loss_of(policy, noisy, cfg)
+    policy.popart.load_state_dict(state)
+    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6)
+
+
+def test_discrete_critic_expectation_is_exact() -> None:
+    policy = filled_model(PrevRewardWrapper(CountingEnv()), steps=8).policy
+    state = th.randn(2, 3, policy.traj_encoder.out_dim)
+    probs = th.softmax(th.randn(2, 3, len(policy.gammas), 3), -1)
+    q_all = policy.critics(state)  # (B, L, C, G, n)
+    expected = (q_all * probs.unsqueeze(2)).sum(-1)
+    th.testing.assert_close(policy.action_type.critic_values(policy.critics, state, probs), expected)
+    buffer_action = th.tensor([[[0.0], [2.0], [1.0]], [[1.0], [1.0], [0.0]]])
+    q_buf, q_pi = policy.action_type.buffer_and_policy_values(policy.critics, state, buffer_action, probs)
+    th.testing.assert_close(q_buf[1, 0], q_all[1, 0, :, :, 1])
+    th.testing.assert_close(q_buf[0, 1], q_all[0, 1, :, :, 2])
+    th.testing.assert_close(q_pi, expected)

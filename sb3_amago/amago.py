@@ -622,7 +622,7 @@ class AMAGO(OffPolicyAlgorithm):
     ) -> SelfAMAGO:
         """SB3's load, with clear errors for files that are not AMAGO models."""
         try:
-            data, _, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=custom_objects)
+            data, params, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=custom_objects)
         except (zipfile.BadZipFile, EOFError, KeyError, RuntimeError, ValueError) as exc:
             raise ValueError(f"{path} is not a readable SB3 model file ({exc}); it may be corrupted or truncated.") from exc
         if data is None or "policy_class" not in data:
@@ -632,6 +632,12 @@ class AMAGO(OffPolicyAlgorithm):
             name = getattr(policy_class, "__qualname__", policy_class)
             raise ValueError(
                 f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
+            )
+        if "policy.optimizer" not in (params or {}):
+            raise ValueError(
+                f"{path} was saved by an earlier sb3-amago that did not store the optimizer, so it cannot resume a run. "
+                "To keep its weights, build the model as it was and load them: "
+                "AMAGO(...same arguments...).set_parameters(path, exact_match=False)."
             )
         model = super().load(
             path,

@@ -4,6 +4,7 @@ what collection feeds the policy, acting with state, save/load, and clear errors
 import copy
 import dataclasses
 import pickle
+import zipfile
 
 import gymnasium as gym
 import numpy as np
@@ -550,6 +551,36 @@ def test_load_refuses_other_algorithms_and_corrupt_files(tmp_path) -> None:
     bad.write_bytes(b"not a zip file at all")
     with pytest.raises(ValueError, match="corrupted"):
         AMAGO.load(bad)
+
+
+def test_models_saved_before_the_observation_key_rename_load_unchanged() -> None:
+    """Earlier files keep a non-Dict observation's running statistics under ``obs``; they load into
+    ``observation`` with every value intact."""
+    model = filled_model(gym.make("CartPole-v1"), steps=40)
+    saved = {
+        key.replace("obs_norms.observation.", "obs_norms.obs."): value for key, value in model.policy.state_dict().items()
+    }
+    assert any("obs_norms.obs." in key for key in saved)
+    fresh = tiny_model(gym.make("CartPole-v1"), seed=1)
+    fresh.policy.load_state_dict(saved)
+    for key, value in model.policy.state_dict().items():
+        assert th.equal(fresh.policy.state_dict()[key], value), key
+
+
+def test_model_without_optimizer_state_names_the_fix(tmp_path) -> None:
+    model = filled_model(gym.make("CartPole-v1"), steps=24)
+    model.save(tmp_path / "full.zip")
+    old = tmp_path / "old.zip"
+    with zipfile.ZipFile(tmp_path / "full.zip") as full, zipfile.ZipFile(old, "w") as stripped:
+        for item in full.infolist():
+            if item.filename != "policy.optimizer.pth":
+                stripped.writestr(item, full.read(item.filename))
+    with pytest.raises(ValueError, match="did not store the optimizer"):
+        AMAGO.load(old)
+    rebuilt = tiny_model(gym.make("CartPole-v1"), seed=1)
+    rebuilt.set_parameters(str(old), exact_match=False)
+    for key, value in model.policy.state_dict().items():
+        assert th.equal(rebuilt.policy.state_dict()[key], value), key
 
 
 def test_failed_save_keeps_the_earlier_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,6 +101,19 @@ def _expected_dtype(space: spaces.Space) -> tuple[str, Callable[[th.dtype], bool
     return "an integer or float dtype", lambda d: d.is_floating_point or _is_integer(d)
 
 
+#: The key under which models saved by sb3-amago 0.1.0 before the key names were unified kept the
+#: running statistics of a non-Dict observation (now :data:`OBS_KEY`).
+LEGACY_OBS_KEY = "obs"
+
+
+def _rename_legacy_obs_norm(state_dict: dict[str, Any], prefix: str, *_args: Any) -> None:
+    """Load hook: move a non-Dict observation's running statistics saved under :data:`LEGACY_OBS_KEY`
+    to :data:`OBS_KEY`, so that models saved before the rename load unchanged."""
+    old, new = f"{prefix}obs_norms.{LEGACY_OBS_KEY}.", f"{prefix}obs_norms.{OBS_KEY}."
+    for key in [key for key in state_dict if key.startswith(old)]:
+        state_dict[new + key[len(old) :]] = state_dict.pop(key)
+
+
 class TimestepEncoder(nn.Module):
     """Embeds each timestep from its observation and the action that led to it.
 
@@ -147,6 +160,8 @@ class TimestepEncoder(nn.Module):
                 if normalize_obs and isinstance(space, spaces.Box) and not is_image_space(space)
             }
         )
+        if not isinstance(observation_space, spaces.Dict):
+            self._register_load_state_dict_pre_hook(_rename_legacy_obs_norm)
         # Discrete / MultiDiscrete values start at the space's ``start``; one-hot codes count from 0.
         self._start_buffers: dict[str, str] = {}
         for i, (key, space) in enumerate(self.obs_spaces.items()):

@@ -739,6 +739,18 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
+def memory_model(algo: str, settings: RunSettings) -> str:
+    """What carries memory in a run, for the report: AMAGO's trajectory encoder and its size, the
+    LSTM of RecurrentPPO, or none."""
+    policy_kwargs = settings.kwargs.get("policy_kwargs", {})
+    if algo in AMAGO_VARIANTS:
+        sizes = policy_kwargs.get("traj_encoder_kwargs")
+        return f"{policy_kwargs.get('traj_encoder', 'transformer')} {sizes if sizes else '(package defaults)'}"
+    if settings.algo_class is RecurrentPPO:
+        return f"LSTM, {policy_kwargs.get('lstm_hidden_size', 256)} units"
+    return "none (MLP)"
+
+
 def hyperparameter_sources(config: Config) -> dict[str, dict[str, dict[str, Any]]]:
     """``{task: {algo: class, source entry, n_envs, VecNormalize, keyword arguments}}`` as run."""
     sources: dict[str, dict[str, dict[str, Any]]] = {}
@@ -747,6 +759,8 @@ def hyperparameter_sources(config: Config) -> dict[str, dict[str, dict[str, Any]
             settings = run_settings(task, algo, config.budgets[task.name])
             sources.setdefault(task.name, {})[algo] = {
                 "class": settings.algo_class.__name__,
+                "label": algo_label(algo, task),
+                "memory": memory_model(algo, settings),
                 "source": settings.source,
                 "n_envs": settings.n_envs,
                 "vec_normalize": settings.normalize,
@@ -818,7 +832,7 @@ def write_report(config: Config) -> list[Summary]:
         json.dumps({"config": run_config, "figures": figures, **meta}, indent=2) + "\n"
     )
     source_lines = [
-        f"| {task} | {algo_sources[algo]['class']} | {algo_sources[algo]['source']} |"
+        f"| {task} | {algo_sources[algo]['label']} | {algo_sources[algo]['memory']} | {algo_sources[algo]['source']} |"
         for task, algo_sources in sources.items()
         for algo in algo_sources
     ]
@@ -828,9 +842,14 @@ def write_report(config: Config) -> list[Summary]:
         f"`{meta['command']}`; torch {meta['torch_version']}, {meta['threads']} threads, {meta['cpu_model']}, {meta['date']}.",
         "",
         (
-            f"Score: POPGym-normalised return (POPGym tasks) or success rate (T-maze) of {config.eval_episodes} deterministic "
-            f"episodes; final score at the end of each run's budget; steps and training seconds (evaluation excluded) where "
-            f"the mean over seeds first reaches {THRESHOLD}."
+            f"Score of {config.eval_episodes} deterministic episodes: "
+            + "; ".join(
+                f"{name} ({', '.join(task.name for task in config.tasks if task.score_name == name)})"
+                for name in dict.fromkeys(task.score_name for task in config.tasks)
+            )
+            + f". Final score at the end of each run's budget; env steps and training seconds (evaluation excluded) "
+            f"where the mean over seeds first reaches {THRESHOLD}. Only finished runs count; every run took one torch "
+            f"thread with other runs sharing the machine's cores, so seconds are upper bounds."
         ),
         "",
         markdown_table(summaries),
@@ -842,8 +861,8 @@ def write_report(config: Config) -> list[Summary]:
         ),
         "Hyperparameters (adapted to the budget as `benchmarks/learning.py` describes):",
         "",
-        "| task | algorithm | entry |",
-        "|---|---|---|",
+        "| task | algorithm | memory model | entry |",
+        "|---|---|---|---|",
         *source_lines,
     ]
     (config.out_dir / f"{config.prefix}.md").write_text("\n".join(lines) + "\n")

@@ -110,7 +110,9 @@ def test_write_report_files(tmp_path: Path) -> None:
 
     report = (tmp_path / "learning_quick.md").read_text()
     assert "| TMaze100 | DQN | 1 | 0.500 ± 0.000 | not reached | not reached | 0/1 |" in report
-    assert "| TMaze100 | AMAGO | amago.yml: amago-TMaze100-v0 |" in report
+    small = "transformer {'d_model': 128, 'n_heads': 8, 'd_ff': 512, 'n_layers': 3}"
+    assert f"| TMaze100 | AMAGO | {small} | amago.yml: amago-TMaze100-v0 |" in report
+    assert "| TMaze100 | DQN | none (MLP) | dqn.yml: CartPole-v1 |" in report
     figures = json.loads((tmp_path / "learning_quick.json").read_text())["figures"]
     assert figures["TMaze100 AMAGO env steps to 0.9"] == {"value": 100, "unit": "env steps (mean over seeds)"}
     assert (tmp_path / "learning_quick_TMaze100.png").stat().st_size > 0

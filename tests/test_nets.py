@@ -100,6 +100,35 @@ def test_step_matches_full_forward(kind: str) -> None:
     assert max(len(h) for h in histories) > window  # the sliding window was exercised
 
 
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_rolled_cache_matches_recompute_inside_the_window_and_with_one_layer(n_layers: int) -> None:
+    """``window_slide="roll"`` equals ``"recompute"`` while the context is not full; past the window
+    it reuses stale upper-layer keys, so it still equals it with one layer (layer-0 keys depend on
+    their own step alone) and departs from it with two."""
+    window, n_envs, n_steps = 6, 2, 20
+    kwargs = {**SMALL["transformer"], "n_layers": n_layers}
+    exact = make_traj_encoder("transformer", D_IN, window, **kwargs).eval()
+    rolled = make_traj_encoder("transformer", D_IN, window, window_slide="roll", **kwargs).eval()
+    rolled.load_state_dict(exact.state_dict())
+    exact_state, rolled_state = exact.init_state(n_envs, "cpu"), rolled.init_state(n_envs, "cpu")
+    gaps = []
+    for t in range(n_steps):
+        x, time_idx = th.randn(n_envs, D_IN), th.full((n_envs,), t)
+        exact_out, exact_state = exact.step(x, time_idx, exact_state)
+        rolled_out, rolled_state = rolled.step(x, time_idx, rolled_state)
+        gaps.append(float((exact_out - rolled_out).abs().max()))
+    assert max(gaps[:window]) < 1e-5
+    if n_layers == 1:
+        assert max(gaps) < 1e-5
+    else:
+        assert min(gaps[window:]) > 1e-4
+
+
+def test_unknown_window_slide_is_named() -> None:
+    with pytest.raises(ValueError, match="window_slide"):
+        make_traj_encoder("transformer", D_IN, 6, window_slide="shift", **SMALL["transformer"])
+
+
 @pytest.mark.parametrize("kind", list(SMALL))
 def test_padding_does_not_change_real_outputs(kind: str) -> None:
     encoder = make_encoder(kind, 8).eval()

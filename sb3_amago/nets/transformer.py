@@ -13,10 +13,16 @@ of a rollout keeps absolute time.
 Acting (``step``) caches the keys and values of every layer for each env. While an env has seen at
 most ``max_seq_len`` steps since its last reset, a step embeds only the new timestep and attends
 over the cache: O(context) work per step. Once the context is full it slides (the oldest step
-drops out). The cached upper-layer keys of the remaining steps were computed with the dropped
-step in their context, so reusing them would not match training; instead, for each env whose
-context is full, the step recomputes the whole window of the last ``max_seq_len`` layer-0 inputs:
-O(n_layers * max_seq_len^2 * d_model) work per step for those envs only.
+drops out), in one of two ways (``window_slide``):
+
+- ``"recompute"`` (default, exact): the cached upper-layer keys of the remaining steps were computed
+  with the dropped step in their context, so reusing them would not match training; for each env
+  whose context is full, the step recomputes the whole window of the last ``max_seq_len`` layer-0
+  inputs: O(n_layers * max_seq_len^2 * d_model) work per step for those envs only.
+- ``"roll"`` (cheap, approximate): the new step overwrites the oldest cache slot and attends over
+  the cache as before, O(max_seq_len) per step. Keys and values of layers above the first are then
+  stale: each was computed with up to ``max_seq_len - 1`` earlier steps in its context that training
+  windows would not show. With one layer there is nothing stale and both ways agree.
 """
 
 import math
@@ -33,6 +39,8 @@ from sb3_amago.nets.sigma_reparam import make_linear
 #: Position schemes: added to the layer-0 input ("sinusoidal", "learnable"), rotating queries and keys
 #: in every layer ("rotary", relative: attention sees only the offset between two steps), or none.
 POS_EMB_TYPES = ("sinusoidal", "learnable", "rotary", "none")
+#: How acting continues once a rollout is longer than the window (see the module docstring).
+WINDOW_SLIDES = ("recompute", "roll")
 ROTARY_BASE = 10_000.0
 
 
@@ -183,6 +191,8 @@ class TransformerTrajEncoder(TrajEncoder):
         index), ``"learnable"`` (absolute, a table of ``max_time`` rows) or ``"none"``
     :param max_time: size of the learnable position table: time indices must be below it
     :param sigma_reparam: sigma-reparameterise the attention and feed-forward projections
+    :param window_slide: acting past ``max_seq_len`` steps: ``"recompute"`` the window (exact) or
+        ``"roll"`` the cache (O(context) per step, stale upper-layer keys)
     """
 
     def __init__(
@@ -197,8 +207,11 @@ class TransformerTrajEncoder(TrajEncoder):
         pos_emb: str = "rotary",
         max_time: int | None = None,
         sigma_reparam: bool = True,
+        window_slide: str = "recompute",
     ) -> None:
         super().__init__(d_in, max_seq_len)
+        if window_slide not in WINDOW_SLIDES:
+            raise ValueError(f"Unknown window_slide '{window_slide}', expected one of {WINDOW_SLIDES}")
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         if pos_emb not in POS_EMB_TYPES:
@@ -216,6 +229,7 @@ class TransformerTrajEncoder(TrajEncoder):
         self.n_layers = n_layers
         self.pos_emb_type = pos_emb
         self.max_time = max_time
+        self.window_slide = window_slide
         self.input_proj = nn.Linear(d_in, d_model)
         self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" and max_time is not None else None
         self.emb_dropout = nn.Dropout(dropout)
@@ -297,7 +311,7 @@ class TransformerTrajEncoder(TrajEncoder):
         emb = self._embed(x, time_idx)  # (N, d_model)
         slot = state.count % window  # (N,)
         state.inputs[envs, slot] = emb.to(state.inputs.dtype)
-        full = state.count >= window  # (N,) the context slides for these envs
+        full = (state.count >= window) & (self.window_slide == "recompute")  # (N,) these envs recompute their window
         max_count, n_full = (int(v) for v in th.stack([state.count.max(), full.sum()]).tolist())
         out = th.empty(n_envs, self.d_model, device=x.device, dtype=emb.dtype)
         if n_full < n_envs:

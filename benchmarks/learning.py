@@ -173,6 +173,7 @@ SCORE_NAMES = {
     "popgym": "POPGym-normalised return",
     "success": "success rate",
     "trials": "mean trial return / best trial return",
+    "return": "mean return",
 }
 
 
@@ -211,6 +212,8 @@ class Task:
             return float(np.mean(successes))
         if self.score_kind == "trials":
             return float(trial_returns.mean() / self.best_trial_return)
+        if self.score_kind == "return":
+            return float(np.mean(returns))
         return popgym_normalized_score(self.name, float(np.mean(returns)))
 
 

@@ -21,11 +21,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch as th
 from common import add_learning_run_args, provenance, run_metadata
-from learning import EvalRecorder, RunKey, Task, algo_label, append_row, drop_unfinished, make_envs, read_rows, run_settings
-from stable_baselines3.common.evaluation import evaluate_policy
+from learning import (
+    EvalRecorder,
+    Evaluation,
+    RunKey,
+    Task,
+    algo_label,
+    append_row,
+    drop_unfinished,
+    evaluate_model,
+    make_envs,
+    read_rows,
+    run_settings,
+)
 
 from sb3_amago.zoo import HYPERPARAMS_FILE
 
@@ -36,17 +46,10 @@ class SwapInTask(Task):
 
     solved: float = 0.0
 
-    @property
-    def score_name(self) -> str:
-        return "mean return"
-
-    def score(self, returns: Sequence[float], successes: Sequence[bool]) -> float:
-        return float(np.mean(returns))
-
 
 TASKS = {
-    "CartPole": SwapInTask("CartPole", "CartPole-v1", 50_000, solved=475.0),
-    "Pendulum": SwapInTask("Pendulum", "Pendulum-v1", 20_000, continuous=True, solved=-200.0),
+    "CartPole": SwapInTask("CartPole", "CartPole-v1", 50_000, "return", solved=475.0),
+    "Pendulum": SwapInTask("Pendulum", "Pendulum-v1", 20_000, "return", continuous=True, solved=-200.0),
 }
 ALGOS = ("amago", "memoryless")
 EVAL_EPISODES = 10
@@ -60,11 +63,8 @@ def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> 
     eval_env = make_envs(task, settings, 5, key.seed + EVAL_SEED_OFFSET, training=False)
     model = settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs)
 
-    def evaluate() -> tuple[float, float, float]:
-        returns, _ = evaluate_policy(
-            model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True
-        )
-        return float(np.mean(returns)), float(np.std(returns)), float(np.mean(returns))
+    def evaluate() -> Evaluation:
+        return evaluate_model(model, eval_env, task, EVAL_EPISODES)
 
     def on_row(row: dict) -> None:
         append_row(csv_path, row)

@@ -162,3 +162,12 @@ def test_meta_rl_score_and_the_return_of_each_trial(tmp_path: Path) -> None:
     assert summary.final_trials.tolist() == pytest.approx([0.5, 1.0, 2.0, 2.0, 1.5])
     table = learning.trials_table([summary])
     assert "| DarkKeyToDoor5 | AMAGO | 3 | 0.50 | 1.00 | 2.00 | 2.00 | 1.50 | +1.00 |" in table
+
+
+def test_swap_in_tasks_score_their_mean_return() -> None:
+    """The swap-in benchmark builds its tasks on this module's Task (it failed to import when Task changed)."""
+    import swap_in
+
+    task = swap_in.TASKS["CartPole"]
+    assert task.score_name == "mean return"
+    assert task.score([100.0, 300.0], [], np.zeros((2, 0))) == 200.0

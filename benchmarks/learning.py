@@ -839,6 +839,7 @@ def write_report(config: Config) -> list[Summary]:
         for task, algo_sources in sources.items()
         for algo in algo_sources
     ]
+    per_trial = trials_table(summaries)
     lines = [
         f"# {config.prefix}",
         "",
@@ -857,11 +858,7 @@ def write_report(config: Config) -> list[Summary]:
         "",
         markdown_table(summaries),
         "",
-        *(
-            ["Return per trial at the final evaluation (mean over seeds):", "", trials_table(summaries), ""]
-            if trials_table(summaries)
-            else []
-        ),
+        *(["Return per trial at the final evaluation (mean over seeds):", "", per_trial, ""] if per_trial else []),
         "Hyperparameters (adapted to the budget as `benchmarks/learning.py` describes):",
         "",
         "| task | algorithm | memory model | entry |",

@@ -85,11 +85,13 @@ class RssSampler(BaseCallback):
     def __init__(self, every: int) -> None:
         super().__init__()
         self.every = every
+        self.next_sample = 0
         self.rows: list[tuple[int, int, int]] = []
 
     def _on_step(self) -> bool:
-        if self.num_timesteps // self.every > len(self.rows) - 1 or not self.rows:
+        if self.num_timesteps >= self.next_sample:
             self.rows.append((self.num_timesteps, rss_bytes(), self.model.replay_buffer.nbytes()))
+            self.next_sample += self.every
         return True
 
 

@@ -20,6 +20,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.noise import ActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
@@ -28,6 +29,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.distributed import DataParallel
+from sb3_amago.exploration import ActionNoiseExploration, Exploration, epsilon_schedule
 from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.loss import LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
@@ -69,6 +71,12 @@ class AMAGO(OffPolicyAlgorithm):
     :param exploration_steps: env steps over which epsilon is annealed linearly
     :param rollout_exploration_horizon: if set, the "bi-level" schedule: epsilon also decays within
         each rollout, linearly to 5% of its value at this time index
+    :param exploration: an :class:`~sb3_amago.exploration.Exploration` of your own, in place of the
+        epsilon schedule that the four arguments above build
+    :param action_noise: SB3's ``ActionNoise`` for Box actions, applied as TD3 applies it (added to the
+        policy's action in [-1, 1] units, then clipped), in place of the epsilon schedule: it becomes
+        ``exploration`` (an :class:`~sb3_amago.exploration.ActionNoiseExploration`), and SB3's own
+        ``action_noise`` attribute stays None so that SB3's loop does not add or reset it a second time
     :param relabeler: a :class:`sb3_amago.relabel.Relabeler` (hindsight instruction relabeling)
     :param mixed_precision: bf16 autocast in training
     :param compile_model: ``torch.compile`` the training forward of the sequence model
@@ -86,6 +94,7 @@ class AMAGO(OffPolicyAlgorithm):
     }
     policy: TransformerPolicy
     replay_buffer: TrajectoryReplayBuffer
+    exploration: Exploration
 
     def __init__(
         self,
@@ -119,6 +128,8 @@ class AMAGO(OffPolicyAlgorithm):
         epsilon_end: float = 0.05,
         exploration_steps: int = 1_000_000,
         rollout_exploration_horizon: int | None = None,
+        exploration: Exploration | None = None,
+        action_noise: ActionNoise | None = None,
         relabeler: Any = None,
         mixed_precision: bool = False,
         compile_model: bool = False,
@@ -190,13 +201,14 @@ class AMAGO(OffPolicyAlgorithm):
         self.epsilon_end = epsilon_end
         self.exploration_steps = exploration_steps
         self.rollout_exploration_horizon = rollout_exploration_horizon
+        self.exploration = chosen_exploration(exploration, action_noise)  # type: ignore[assignment]  # None: built at setup
+        self._exploration_from_args = self.exploration is None
         self.relabeler = relabeler
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model
         self.distributed = distributed
         self._dist: DataParallel | None = None
         self._collect_state: AmagoState | None = None
-        self._explore_scale: np.ndarray | None = None
         if _init_setup_model:
             self._setup_model()
 
@@ -244,6 +256,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.set_random_seed(self.seed)
         if self.relabeler is not None:
             self.relabeler.check(self.observation_space)
+        self._setup_exploration()
         buffer_kwargs = {"max_seq_len": self.max_seq_len, **self.replay_buffer_kwargs}
         if self.relabeler is not None:
             buffer_kwargs["relabeler"] = self.relabeler
@@ -282,6 +295,15 @@ class AMAGO(OffPolicyAlgorithm):
                 gradient_steps=self.gradient_steps,
                 learning_starts=self.learning_starts,
             )
+
+    def _setup_exploration(self) -> None:
+        """The exploration given at construction, else the epsilon schedule of the model's arguments
+        (built afresh at each setup, so that ``load(..., exploration_steps=...)`` changes it)."""
+        if self._exploration_from_args:
+            self.exploration = epsilon_schedule(
+                self.epsilon_start, self.epsilon_end, self.exploration_steps, self.rollout_exploration_horizon
+            )
+        self.exploration.check(self.action_space)
 
     def _setup_data_parallel(self) -> None:
         """With ``distributed``: join the process group, take this rank's device, and silence the
@@ -347,7 +369,7 @@ class AMAGO(OffPolicyAlgorithm):
         total, callback = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
         if fresh_env or self._collect_state is None or self._collect_state.n_envs != self.n_envs:
             self._collect_state = self.policy.initial_state(self.n_envs)
-            self._explore_scale = np.random.uniform(0.0, 1.0, size=self.n_envs)
+            self.exploration.reset(self.n_envs)
         if (
             self.verbose >= 1
             and reset_num_timesteps
@@ -359,20 +381,9 @@ class AMAGO(OffPolicyAlgorithm):
             )
         return total, callback
 
-    def epsilon(self) -> float:
-        """Exploration level of the global schedule at the current env step."""
-        progress = min(1.0, self.num_timesteps / max(1, self.exploration_steps))
-        return self.epsilon_start + progress * (self.epsilon_end - self.epsilon_start)
-
-    def _explore(self, action: th.Tensor, state: AmagoState) -> th.Tensor:
-        """Epsilon-greedy (Discrete / MultiDiscrete, per sub-action) or Gaussian noise (Box) on
-        buffer-representation actions ``(N, d)``; epsilon per env = schedule x U(0, 1) multiplier."""
-        assert self._explore_scale is not None
-        eps = self.epsilon() * th.as_tensor(self._explore_scale, dtype=action.dtype, device=action.device)  # (N,)
-        if self.rollout_exploration_horizon:
-            t = state.time_idx.to(action.dtype) / self.rollout_exploration_horizon
-            eps = eps * (1.0 - 0.95 * t.clamp(max=1.0))
-        return self.policy.action_type.explore(action, eps.unsqueeze(-1))
+    def epsilon(self) -> float | None:
+        """The exploration level at the current env step (None for an exploration without one)."""
+        return self.exploration.epsilon(self.num_timesteps)
 
     def _sample_action(self, learning_starts: int, action_noise: Any = None, n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Step every env's context with the new observation, then act: uniformly at random before
@@ -386,7 +397,8 @@ class AMAGO(OffPolicyAlgorithm):
                 env_action = np.array([self.action_space.sample() for _ in range(n_envs)])
                 buffer_action = self._to_buffer_action(env_action)
             else:
-                buffer_action = self._explore(policy.select_action(actor_out, deterministic=False), state)
+                action = policy.select_action(actor_out, deterministic=False)
+                buffer_action = self.exploration.explore(action, state.time_idx, self.num_timesteps, policy.action_type)
             self._collect_state = policy.commit_action(state, buffer_action)
         return policy.to_env_action(buffer_action), buffer_action.cpu().numpy()
 
@@ -410,9 +422,9 @@ class AMAGO(OffPolicyAlgorithm):
             )
         super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
         if np.any(dones):
-            assert self._collect_state is not None and self._explore_scale is not None
+            assert self._collect_state is not None
             self._collect_state = self.policy.reset_state(self._collect_state, dones)
-            self._explore_scale[dones] = np.random.uniform(0.0, 1.0, size=int(np.sum(dones)))
+            self.exploration.end_rollouts(dones)
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         """SB3's callback setup; with ``distributed``, callbacks and the progress bar run on rank 0 only."""
@@ -480,13 +492,17 @@ class AMAGO(OffPolicyAlgorithm):
             record(f"train/popart_mu_gamma_{g:g}", popart.mu[i].item())
             record(f"train/popart_sigma_gamma_{g:g}", popart.sigma[i].item())
         record("replay/bytes", self.replay_buffer.nbytes())
-        record("rollout/exploration_epsilon", self.epsilon())
+        epsilon = self.epsilon()
+        if epsilon is not None:
+            record("rollout/exploration_epsilon", epsilon)
 
     # ----------------------------------------------------------------------------------------
     # Save / load
     # ----------------------------------------------------------------------------------------
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode", "distributed", "_dist"]
+        # An exploration built from the model's arguments is built again at load, from the loaded arguments.
+        rebuilt = ["exploration"] if self._exploration_from_args else []
+        return [*super()._excluded_save_params(), *rebuilt, "_collect_state", "_encode", "distributed", "_dist"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
@@ -498,7 +514,8 @@ class AMAGO(OffPolicyAlgorithm):
 
         - ``"context"``: the per-env collection context (:class:`AmagoState`: sequence-model cache,
           previous actions ``(N, action_dim)``, time indices ``(N,)``), or None before the first ``learn``
-        - ``"explore_scale"``: the per-env exploration multipliers ``(N,)``, or None
+        - ``"exploration"``: the exploration's state (:meth:`~sb3_amago.exploration.Exploration.get_state`;
+          files of earlier versions hold ``"explore_scale"``, the epsilon schedule's per-env multipliers)
         - ``"rng"``: the states of torch's (and CUDA's), numpy's and python's global RNGs and of
           the action space's RNG (random actions before ``learning_starts``)
         """
@@ -512,14 +529,14 @@ class AMAGO(OffPolicyAlgorithm):
             rng["cuda"] = th.cuda.get_rng_state_all()
         return {
             "context": _map_tensors(self._collect_state, lambda t: t.detach().cpu().clone()),
-            "explore_scale": None if self._explore_scale is None else self._explore_scale.copy(),
+            "exploration": self.exploration.get_state(),
             "rng": rng,
         }
 
     def set_run_state(self, state: dict[str, Any]) -> None:
         """Put back what :meth:`run_state` returned: the context on the model's device, the RNG states."""
         self._collect_state = _map_tensors(state["context"], lambda t: t.to(self.device))
-        self._explore_scale = None if state["explore_scale"] is None else state["explore_scale"].copy()
+        self.exploration.set_state(state["exploration"] if "exploration" in state else {"scale": state["explore_scale"]})
         rng = state["rng"]
         th.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
@@ -706,6 +723,21 @@ def _sigterm_raises_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def chosen_exploration(exploration: Exploration | None, action_noise: ActionNoise | None) -> Exploration | None:
+    """The exploration asked for by AMAGO's ``exploration`` and ``action_noise`` arguments (None: the
+    epsilon schedule of its other exploration arguments).
+
+    :raises ValueError: if both are given
+    """
+    if action_noise is None:
+        return exploration
+    if exploration is not None:
+        raise ValueError(
+            "Give exploration or action_noise, not both: action_noise=noise is exploration=ActionNoiseExploration(noise)."
+        )
+    return ActionNoiseExploration(action_noise)
 
 
 def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:

@@ -31,7 +31,7 @@ from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.distributed import DataParallel
 from sb3_amago.exploration import ActionNoiseExploration, Exploration, epsilon_schedule
 from sb3_amago.keys import PREV_REWARD_KEY
-from sb3_amago.loss import LossConfig, amago_loss, target_values
+from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
 
@@ -56,14 +56,10 @@ class AMAGO(OffPolicyAlgorithm):
     :param multigammas: extra discount factors learned beside ``gamma``
     :param n_critics: critics in the ensemble (``policy_kwargs=dict(n_critics=...)``, as SAC and TQC
         take it, sets it too)
-    :param n_target_critics: critics drawn (with replacement) whose min forms the TD target
-    :param reward_multiplier: reward scale ``k`` in the TD target (10 by default; 100 for bounded sparse tasks)
-    :param critic_weight: weight of the critic loss
-    :param pg_weight: weight of the policy-gradient term
-    :param bc_weight: weight of the filtered behaviour-cloning term
-    :param filter_kind: "binary" or "exp"
-    :param filter_beta: temperature of the "exp" filter
-    :param filter_clip: upper clip of the "exp" filter's weights
+    :param n_target_critics: the loss settings ``n_target_critics``, ``reward_multiplier``,
+        ``critic_weight``, ``pg_weight``, ``bc_weight``, ``filter_kind``, ``filter_beta`` and
+        ``filter_clip``: see :class:`~sb3_amago.loss.LossConfig`, which documents them and holds their
+        defaults (the model keeps them as attributes, so ``load(..., reward_multiplier=...)`` changes them)
     :param max_grad_norm: gradient-norm clip
     :param warmup_steps: linear learning-rate warm-up (updates)
     :param epsilon_start: exploration at the start (epsilon-greedy / Gaussian noise std in [-1, 1] units)
@@ -114,14 +110,14 @@ class AMAGO(OffPolicyAlgorithm):
         max_seq_len: int = 64,
         multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
         n_critics: int = DEFAULT_N_CRITICS,
-        n_target_critics: int = 2,
-        reward_multiplier: float = 10.0,
-        critic_weight: float = 10.0,
-        pg_weight: float = 1.0,
-        bc_weight: float = 0.1,
-        filter_kind: str = "binary",
-        filter_beta: float = 1.0,
-        filter_clip: float = 100.0,
+        n_target_critics: int = LOSS_DEFAULTS.n_target_critics,
+        reward_multiplier: float = LOSS_DEFAULTS.reward_multiplier,
+        critic_weight: float = LOSS_DEFAULTS.critic_weight,
+        pg_weight: float = LOSS_DEFAULTS.pg_weight,
+        bc_weight: float = LOSS_DEFAULTS.bc_weight,
+        filter_kind: str = LOSS_DEFAULTS.filter_kind,
+        filter_beta: float = LOSS_DEFAULTS.filter_beta,
+        filter_clip: float = LOSS_DEFAULTS.filter_clip,
         max_grad_norm: float = 1.0,
         warmup_steps: int = 500,
         epsilon_start: float = 1.0,
@@ -142,6 +138,8 @@ class AMAGO(OffPolicyAlgorithm):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ) -> None:
+        # Checked now, not at the first update; kept as attributes, read back by loss_config.
+        loss_settings = dataclasses.asdict(LossConfig.from_settings(locals()))
         if env is None and _init_setup_model:
             raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
         policy_kwargs, n_critics = critics_from_policy_kwargs(policy_kwargs, n_critics)
@@ -186,15 +184,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.max_seq_len = int(max_seq_len)
         self.multigammas = tuple(float(g) for g in multigammas)
         self.n_critics = int(n_critics)
-        self.reward_multiplier = reward_multiplier
-        self.critic_weight = critic_weight
-        self.pg_weight = pg_weight
-        self.bc_weight = bc_weight
-        self.n_target_critics = n_target_critics
-        self.filter_kind = filter_kind
-        self.filter_beta = filter_beta
-        self.filter_clip = filter_clip
-        _ = self.loss_config  # building it validates the loss settings now, not at the first update
+        self.__dict__.update(loss_settings)
         self.max_grad_norm = max_grad_norm
         self.warmup_steps = warmup_steps
         self.epsilon_start = epsilon_start
@@ -225,16 +215,7 @@ class AMAGO(OffPolicyAlgorithm):
     def loss_config(self) -> LossConfig:
         """The loss settings, read from the model's attributes (so ``load(..., reward_multiplier=...)``
         and RL Zoo's continued training change them like any other hyperparameter)."""
-        return LossConfig(
-            reward_multiplier=self.reward_multiplier,
-            critic_weight=self.critic_weight,
-            pg_weight=self.pg_weight,
-            bc_weight=self.bc_weight,
-            n_target_critics=self.n_target_critics,
-            filter_kind=self.filter_kind,
-            filter_beta=self.filter_beta,
-            filter_clip=self.filter_clip,
-        )
+        return LossConfig.from_settings(vars(self))
 
     @property
     def gammas(self) -> tuple[float, ...]:
@@ -484,13 +465,13 @@ class AMAGO(OffPolicyAlgorithm):
         record = self.logger.record
         record("train/n_updates", self._n_updates, exclude="tensorboard")
         record("train/learning_rate", lr)
-        for key in ("critic_loss", "actor_loss", "bc_loss", "filter_pass_rate", "entropy", "grad_norm"):
-            record(f"train/{key}", stats[key].item())
         popart = self.policy.popart
-        for i, g in enumerate(self.gammas):
-            record(f"train/q_mean_gamma_{g:g}", stats["q_mean"][i].item())
-            record(f"train/popart_mu_gamma_{g:g}", popart.mu[i].item())
-            record(f"train/popart_sigma_gamma_{g:g}", popart.sigma[i].item())
+        for key, value in {**stats, "popart_mu": popart.mu, "popart_sigma": popart.sigma}.items():
+            if value.ndim == 0:
+                record(f"train/{key}", value.item())
+            else:  # one value per discount factor
+                for g, per_gamma in zip(self.gammas, value.tolist()):
+                    record(f"train/{key}_gamma_{g:g}", per_gamma)
         record("replay/bytes", self.replay_buffer.nbytes())
         epsilon = self.epsilon()
         if epsilon is not None:

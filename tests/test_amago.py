@@ -3,6 +3,7 @@ what collection feeds the policy, acting with state, save/load, and clear errors
 
 import copy
 import dataclasses
+import inspect
 import pickle
 import zipfile
 
@@ -18,6 +19,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
 from sb3_amago.exploration import ActionNoiseExploration, BiLevelSchedule, Exploration
+from sb3_amago.loss import LossConfig
 from sb3_amago.nets import GRUTrajEncoder
 from sb3_amago.policies import AmagoState
 
@@ -497,6 +499,20 @@ def test_sb3_style_policy_kwargs_reach_the_policy() -> None:
         tiny_model(env, n_critics=3, policy_kwargs={**TINY, "n_critics": 2})
     with pytest.raises(ValueError, match="not a sb3_amago.nets.TrajEncoder subclass"):
         tiny_model(env, policy_kwargs={**TINY, "traj_encoder": th.nn.GRU})
+
+
+def test_loss_settings_have_one_source(tmp_path) -> None:
+    """AMAGO's loss arguments default to LossConfig's fields, are checked at construction, and reach the loss
+    from the model's attributes (so load can change them)."""
+    defaults = inspect.signature(AMAGO).parameters
+    for f in dataclasses.fields(LossConfig):
+        assert defaults[f.name].default == f.default, f.name
+    assert tiny_model(CountingEnv()).loss_config == LossConfig()
+    with pytest.raises(ValueError, match="filter_kind"):
+        tiny_model(CountingEnv(), filter_kind="sigmoid")
+    tiny_model(CountingEnv(), bc_weight=0.5).save(tmp_path / "model")
+    loaded = AMAGO.load(tmp_path / "model", reward_multiplier=100.0)
+    assert loaded.loss_config == LossConfig(bc_weight=0.5, reward_multiplier=100.0)
 
 
 def test_hyperparameters_at_the_limits_are_accepted() -> None:

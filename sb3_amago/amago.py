@@ -3,15 +3,11 @@ whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / pred
 
 import contextlib
 import dataclasses
-import os
 import pathlib
-import pickle
-import random
 import signal
 import threading
 import warnings
-import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -23,23 +19,29 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import ActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
+from sb3_amago.arguments import (
+    DEFAULT_N_CRITICS,
+    check_arguments,
+    check_observation_space,
+    check_replay_sizes,
+    chosen_exploration,
+    critics_from_policy_kwargs,
+)
+from sb3_amago.buffers import TrajectoryReplayBuffer
+from sb3_amago.checkpoint import atomic_target, check_model_file, is_path, read_replay, run_state, set_run_state, write_replay
 from sb3_amago.distributed import DataParallel
-from sb3_amago.exploration import ActionNoiseExploration, Exploration, epsilon_schedule
+from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
+from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
-DEFAULT_N_CRITICS = 4
-SUPPORTED_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
 class AMAGO(OffPolicyAlgorithm):
@@ -143,17 +145,7 @@ class AMAGO(OffPolicyAlgorithm):
         if env is None and _init_setup_model:
             raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
         policy_kwargs, n_critics = critics_from_policy_kwargs(policy_kwargs, n_critics)
-        for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if env is not None and not isinstance(env, str):
-            check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
-        check_discounts(gamma, multigammas)
-        if not 0.0 <= float(tau) <= 1.0:
-            raise ValueError(
-                f"tau must lie in [0, 1] (the rate at which the target heads follow the online ones each update; "
-                f"AMAGO's default is 0.003), got {tau}."
-            )
+        check_arguments(env, batch_size, max_seq_len, n_critics, gamma, multigammas, tau)
         super().__init__(
             policy,
             env,  # type: ignore[arg-type]  # None only where SB3's load builds the model before setting its env
@@ -489,60 +481,19 @@ class AMAGO(OffPolicyAlgorithm):
         """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
         return ["policy", "policy.optimizer"], []
 
-    def run_state(self) -> dict[str, Any]:
-        """What continuing a run exactly needs beyond the weights, the optimizer and what SB3 keeps
-        in the model file itself (``num_timesteps``, ``_n_updates``, ``_last_obs``), as CPU copies:
-
-        - ``"context"``: the per-env collection context (:class:`AmagoState`: sequence-model cache,
-          previous actions ``(N, action_dim)``, time indices ``(N,)``), or None before the first ``learn``
-        - ``"exploration"``: the exploration's state (:meth:`~sb3_amago.exploration.Exploration.get_state`;
-          files of earlier versions hold ``"explore_scale"``, the epsilon schedule's per-env multipliers)
-        - ``"rng"``: the states of torch's (and CUDA's), numpy's and python's global RNGs and of
-          the action space's RNG (random actions before ``learning_starts``)
-        """
-        rng = {
-            "torch": th.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "action_space": self.action_space.np_random.bit_generator.state,
-        }
-        if th.cuda.is_available():
-            rng["cuda"] = th.cuda.get_rng_state_all()
-        return {
-            "context": _map_tensors(self._collect_state, lambda t: t.detach().cpu().clone()),
-            "exploration": self.exploration.get_state(),
-            "rng": rng,
-        }
-
-    def set_run_state(self, state: dict[str, Any]) -> None:
-        """Put back what :meth:`run_state` returned: the context on the model's device, the RNG states."""
-        self._collect_state = _map_tensors(state["context"], lambda t: t.to(self.device))
-        self.exploration.set_state(state["exploration"] if "exploration" in state else {"scale": state["explore_scale"]})
-        rng = state["rng"]
-        th.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        self.action_space.np_random.bit_generator.state = rng["action_space"]
-        if "cuda" in rng and th.cuda.is_available() and len(rng["cuda"]) == th.cuda.device_count():
-            th.cuda.set_rng_state_all(rng["cuda"])
-
     def save(self, path: str | pathlib.Path | Any, exclude: Any = None, include: Any = None) -> None:
-        """SB3's save, plus the optimizer state and :meth:`run_state` (in the file's data, where SB3
-        keeps ``_last_obs``, which the collection context must match), so that :meth:`load`
-        resumes the run exactly. Written to a temporary file first and moved into place, so an
-        error while saving never leaves a half-written file over an earlier save. With
-        ``distributed``, only rank 0 writes (every rank holds the same weights)."""
+        """SB3's save, plus the optimizer state and the run state (:func:`sb3_amago.checkpoint.run_state`),
+        so that :meth:`load` resumes the run exactly. Written to a temporary file first and moved
+        into place, so an error while saving never leaves a half-written file over an earlier save.
+        With ``distributed``, only rank 0 writes (every rank holds the same weights)."""
         if self._dist is not None and not self._dist.is_main:
             return
-        self._run_state = self.run_state()
+        self._run_state = run_state(self)
         try:
-            if not isinstance(path, (str, pathlib.Path)):
+            if not is_path(path):
                 super().save(path, exclude, include)
                 return
-            target = pathlib.Path(path)
-            if target.suffix == "":
-                target = target.with_suffix(".zip")
-            with _atomic_target(target) as tmp:
+            with atomic_target(path, ".zip") as tmp:
                 super().save(tmp, exclude, include)
         finally:
             del self._run_state
@@ -551,14 +502,10 @@ class AMAGO(OffPolicyAlgorithm):
         """SB3's save_replay_buffer (a pickle, ``.pkl`` added to a path without suffix), written to a
         temporary file and moved into place: a save interrupted half-way (KeyboardInterrupt, full
         disk) never replaces an earlier good file."""
-        if not isinstance(path, (str, pathlib.Path)):
+        if is_path(path):
+            write_replay(path, self.replay_buffer)
+        else:
             super().save_replay_buffer(path)
-            return
-        target = pathlib.Path(path)
-        if target.suffix == "":
-            target = target.with_suffix(".pkl")
-        with _atomic_target(target) as tmp, open(tmp, "wb") as file:
-            pickle.dump(self.replay_buffer, file, protocol=pickle.HIGHEST_PROTOCOL)
 
     def load_replay_buffer(self, path: str | pathlib.Path | Any, truncate_last_traj: bool = True) -> None:
         """SB3's load_replay_buffer, checked before it replaces the model's replay: a file that is
@@ -569,43 +516,10 @@ class AMAGO(OffPolicyAlgorithm):
         :param truncate_last_traj: SB3's argument for HER buffers; unused (a resumed run continues
             the stored rollouts, a fresh env closes them, see the README's "Resuming a run")
         """
-        try:
-            buffer = load_from_pkl(path, self.verbose)
-        except FileNotFoundError:
-            raise
-        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{path} is not a readable replay file ({type(exc).__name__}: {exc}); it may be truncated or corrupted. "
-                "The model keeps its replay."
-            ) from exc
-        self._check_loaded_replay(buffer, path)
+        buffer = read_replay(path, self.observation_space, self.action_space, self.n_envs, self.verbose)
         buffer.device = self.device
         buffer.max_seq_len = self.max_seq_len  # windows are cut when sampled: the model's length applies
         self.replay_buffer = buffer
-
-    def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
-        """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
-        if not isinstance(buffer, TrajectoryReplayBuffer):
-            raise ValueError(
-                f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
-                "load a replay saved by AMAGO.save_replay_buffer."
-            )
-        version = getattr(buffer, "format_version", None)
-        if version != REPLAY_FORMAT_VERSION:
-            raise ValueError(
-                f"{path} holds a replay in format version {version}, but this sb3-amago reads version "
-                f"{REPLAY_FORMAT_VERSION}: load it with the sb3-amago version that saved it, or collect a new replay."
-            )
-        for name, saved, ours in (
-            ("observation space", buffer.observation_space, self.observation_space),
-            ("action space", buffer.action_space, self.action_space),
-            ("number of envs", buffer.n_envs, self.n_envs),
-        ):
-            if saved != ours:
-                raise ValueError(
-                    f"{path} holds a replay for {name} {saved}, but this model has {ours}: load it into a model "
-                    "built for the same env (and number of envs)."
-                )
 
     @classmethod
     def load(
@@ -618,25 +532,8 @@ class AMAGO(OffPolicyAlgorithm):
         force_reset: bool = True,
         **kwargs: Any,
     ) -> SelfAMAGO:
-        """SB3's load, with clear errors for files that are not AMAGO models."""
-        try:
-            data, params, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=custom_objects)
-        except (zipfile.BadZipFile, EOFError, KeyError, RuntimeError, ValueError) as exc:
-            raise ValueError(f"{path} is not a readable SB3 model file ({exc}); it may be corrupted or truncated.") from exc
-        if data is None or "policy_class" not in data:
-            raise ValueError(f"{path} holds no model data: was it saved with AMAGO.save()?")
-        policy_class = data["policy_class"]
-        if not (isinstance(policy_class, type) and issubclass(policy_class, TransformerPolicy)):
-            name = getattr(policy_class, "__qualname__", policy_class)
-            raise ValueError(
-                f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
-            )
-        if "policy.optimizer" not in (params or {}):
-            raise ValueError(
-                f"{path} was saved by an earlier sb3-amago that did not store the optimizer, so it cannot resume a run. "
-                "To keep its weights, build the model as it was and load them: "
-                "AMAGO(...same arguments...).set_parameters(path, exact_match=False)."
-            )
+        """SB3's load, with clear errors for files that are not AMAGO models, and the run state put back."""
+        check_model_file(path, custom_objects)
         model = super().load(
             path,
             env=env,
@@ -646,41 +543,12 @@ class AMAGO(OffPolicyAlgorithm):
             force_reset=force_reset,
             **kwargs,
         )
-        run_state = model.__dict__.pop("_run_state", None)
-        if run_state is not None:
-            model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model
+        saved = model.__dict__.pop("_run_state", None)
+        if saved is not None:
+            set_run_state(model, saved)  # after SB3's load, which reseeds the RNGs while building the model
         if model._dist is not None:
             model.set_random_seed(model.seed)  # the file's RNG states are rank 0's: each rank takes its own again
         return model
-
-
-def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
-    """``value`` with ``fn`` applied to every tensor inside its dataclasses, tuples, lists and dicts."""
-    if isinstance(value, th.Tensor):
-        return fn(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **fields)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
-    return value
-
-
-@contextlib.contextmanager
-def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
-    """A temporary path beside ``target`` to write to; moved onto ``target`` only if the block
-    completes, removed in every case (an interrupted write never replaces a good file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{target.suffix}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as written:
-            os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave an empty file
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -704,84 +572,3 @@ def _sigterm_raises_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def chosen_exploration(exploration: Exploration | None, action_noise: ActionNoise | None) -> Exploration | None:
-    """The exploration asked for by AMAGO's ``exploration`` and ``action_noise`` arguments (None: the
-    epsilon schedule of its other exploration arguments).
-
-    :raises ValueError: if both are given
-    """
-    if action_noise is None:
-        return exploration
-    if exploration is not None:
-        raise ValueError(
-            "Give exploration or action_noise, not both: action_noise=noise is exploration=ActionNoiseExploration(noise)."
-        )
-    return ActionNoiseExploration(action_noise)
-
-
-def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:
-    """``policy_kwargs`` without ``n_critics``, and the number of critics: the one in ``policy_kwargs``
-    (where SAC / TQC users put it) if given, else AMAGO's ``n_critics`` argument.
-
-    :raises ValueError: if both are given, differently (``n_critics`` other than its default 4)
-    """
-    if not policy_kwargs or "n_critics" not in policy_kwargs:
-        return policy_kwargs, n_critics
-    rest = {key: value for key, value in policy_kwargs.items() if key != "n_critics"}
-    in_kwargs = policy_kwargs["n_critics"]
-    if n_critics != DEFAULT_N_CRITICS and n_critics != in_kwargs:
-        raise ValueError(
-            f"n_critics={n_critics} and policy_kwargs n_critics={in_kwargs} disagree: give the number of critics once, "
-            "either as AMAGO's n_critics argument or in policy_kwargs."
-        )
-    return rest, in_kwargs
-
-
-def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
-    """Raise a ValueError naming the argument unless every discount factor lies in [0, 1)."""
-    for name, values in (("gamma", (gamma,)), ("multigammas", tuple(multigammas))):
-        bad = [g for g in values if not 0.0 <= float(g) < 1.0]
-        if bad:
-            raise ValueError(
-                f"{name} holds {bad}: every discount factor must lie in [0, 1) (a critic with gamma >= 1 has no "
-                f"finite value). Use values such as 0.99 or 0.999."
-            )
-
-
-def check_replay_sizes(
-    buffer_size: int, batch_size: int, learning_starts: int, train_freq: int | tuple[int, str], max_seq_len: int, n_envs: int
-) -> None:
-    """Raise a ValueError naming the argument and the fix if the replay cannot hold one training
-    window per env column, or holds fewer transitions at the first update than a batch has windows."""
-    per_env = buffer_size // n_envs
-    if per_env < max_seq_len + 1:
-        raise ValueError(
-            f"buffer_size={buffer_size} holds {per_env} steps per env ({n_envs} envs), less than one training window "
-            f"(max_seq_len + 1 = {max_seq_len + 1} steps): raise buffer_size to at least {(max_seq_len + 1) * n_envs} "
-            "or lower max_seq_len."
-        )
-    frequency, unit = (train_freq, "step") if isinstance(train_freq, int) else train_freq
-    steps_per_round = int(frequency) * n_envs if getattr(unit, "value", unit) == "step" else 1
-    # SB3 trains once num_timesteps > learning_starts, after whole rounds of train_freq steps of every env.
-    first_update = -(-(learning_starts + 1) // steps_per_round) * steps_per_round
-    held = min(first_update, buffer_size)
-    if batch_size > held:
-        raise ValueError(
-            f"batch_size={batch_size} windows is more than the {held} transitions the replay holds at the first update "
-            f"(learning_starts={learning_starts}, buffer_size={buffer_size}): raise learning_starts to at least "
-            f"{batch_size} or lower batch_size."
-        )
-
-
-def check_observation_space(space: spaces.Space) -> None:
-    """Raise a clear error for observation spaces AMAGO cannot embed (Tuple and Dict spaces, nested
-    or not, are checked part by part)."""
-    for key, sub in flat_dict_space(space).spaces.items():
-        if not isinstance(sub, SUPPORTED_OBS_SPACES):
-            raise ValueError(
-                f"Observation '{key}' has space {sub}, which AMAGO cannot embed. Supported: Box, Discrete, "
-                "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
-                "this part into one of them (or drop it)."
-            )

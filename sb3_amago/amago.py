@@ -3,6 +3,7 @@ whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / pred
 
 import contextlib
 import dataclasses
+import functools
 import pathlib
 import signal
 import threading
@@ -19,7 +20,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import ActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.arguments import (
@@ -32,7 +33,7 @@ from sb3_amago.arguments import (
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.checkpoint import atomic_target, check_model_file, is_path, read_replay, run_state, set_run_state, write_replay
-from sb3_amago.distributed import DataParallel
+from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, target_values
@@ -189,7 +190,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model
         self.distributed = distributed
-        self._dist: DataParallel | None = None
+        self._dist = SingleProcess(self.device)
         self._collect_state: AmagoState | None = None
         if _init_setup_model:
             self._setup_model()
@@ -254,20 +255,11 @@ class AMAGO(OffPolicyAlgorithm):
         ).to(self.device)
         self._encode = th.compile(self.policy.encode, dynamic=True) if self.compile_model else self.policy.encode
         self._convert_train_freq()
-        if self._dist is not None:
-            self._dist.attach(self.policy)
-            assert isinstance(self.train_freq, TrainFreq)
-            if self.train_freq.unit != TrainFrequencyUnit.STEP:
-                raise ValueError(
-                    f"distributed=True needs train_freq in steps, got {self.train_freq}: ranks collecting whole episodes "
-                    "would collect different numbers of steps and fall out of step. Use e.g. train_freq=(4, 'step')."
-                )
-            self._dist.check_same(
-                n_envs=self.n_envs,
-                train_freq=self.train_freq.frequency,
-                gradient_steps=self.gradient_steps,
-                learning_starts=self.learning_starts,
-            )
+        self._dist.attach(self.policy)
+        assert isinstance(self.train_freq, TrainFreq)
+        self._dist.check_collection(
+            self.train_freq, n_envs=self.n_envs, gradient_steps=self.gradient_steps, learning_starts=self.learning_starts
+        )
 
     def _setup_exploration(self) -> None:
         """The exploration given at construction, else the epsilon schedule of the model's arguments
@@ -281,9 +273,7 @@ class AMAGO(OffPolicyAlgorithm):
     def _setup_data_parallel(self) -> None:
         """With ``distributed``: join the process group, take this rank's device, and silence the
         logger on ranks other than 0."""
-        self._dist = DataParallel(self.device) if self.distributed else None
-        if self._dist is None:
-            return
+        self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
         self.device = self._dist.device
         if not self._dist.is_main:
             self.set_logger(Logger(folder=None, output_formats=[]))
@@ -291,9 +281,7 @@ class AMAGO(OffPolicyAlgorithm):
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's seeding; with ``distributed``, each rank uses its own seed (see
         :meth:`sb3_amago.distributed.DataParallel.rank_seed`)."""
-        if self._dist is not None:
-            seed = self._dist.rank_seed(seed, self.n_envs)
-        super().set_random_seed(seed)
+        super().set_random_seed(self._dist.rank_seed(seed, self.n_envs))
 
     # ----------------------------------------------------------------------------------------
     # Collection
@@ -401,22 +389,14 @@ class AMAGO(OffPolicyAlgorithm):
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         """SB3's callback setup; with ``distributed``, callbacks and the progress bar run on rank 0 only."""
-        if self._dist is not None and not self._dist.is_main:
+        if not self._dist.is_main:
             callback, progress_bar = None, False
         return super()._init_callback(callback, progress_bar)
 
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> RolloutReturn:
         """SB3's collection round; with ``distributed``, every rank then learns whether another
         rank's collection failed (and raises) or its callbacks asked to stop (and stops too)."""
-        if self._dist is None:
-            return super().collect_rollouts(*args, **kwargs)
-        try:
-            rollout = super().collect_rollouts(*args, **kwargs)
-        except Exception:
-            self._dist.end_round(failed=True)
-            raise
-        stop = self._dist.end_round(stop=not rollout.continue_training)
-        return rollout._replace(continue_training=not stop)
+        return self._dist.collection_round(functools.partial(super().collect_rollouts, *args, **kwargs))
 
     # ----------------------------------------------------------------------------------------
     # Training
@@ -443,8 +423,7 @@ class AMAGO(OffPolicyAlgorithm):
                 loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if self._dist is not None:
-                self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
+            self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             optimizer.step()
             self.policy.update_targets(self.tau)
@@ -486,7 +465,7 @@ class AMAGO(OffPolicyAlgorithm):
         so that :meth:`load` resumes the run exactly. Written to a temporary file first and moved
         into place, so an error while saving never leaves a half-written file over an earlier save.
         With ``distributed``, only rank 0 writes (every rank holds the same weights)."""
-        if self._dist is not None and not self._dist.is_main:
+        if not self._dist.is_main:
             return
         self._run_state = run_state(self)
         try:
@@ -546,7 +525,7 @@ class AMAGO(OffPolicyAlgorithm):
         saved = model.__dict__.pop("_run_state", None)
         if saved is not None:
             set_run_state(model, saved)  # after SB3's load, which reseeds the RNGs while building the model
-        if model._dist is not None:
+        if model._dist.per_rank_rng:
             model.set_random_seed(model.seed)  # the file's RNG states are rank 0's: each rank takes its own again
         return model
 

@@ -376,11 +376,6 @@ class AMAGO(OffPolicyAlgorithm):
         dones: np.ndarray,
         infos: list[dict[str, Any]],
     ) -> None:
-        if not np.all(np.isfinite(reward)):
-            raise ValueError(
-                f"The env returned a NaN or infinite reward ({reward}). Fix the env's reward, or wrap it with "
-                "stable_baselines3.common.vec_env.VecCheckNan to find the step."
-            )
         super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
         if np.any(dones):
             assert self._collect_state is not None

@@ -5,10 +5,6 @@ import contextlib
 import dataclasses
 import functools
 import pathlib
-import signal
-import threading
-import warnings
-from collections.abc import Iterator
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -20,6 +16,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import ActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.save_util import save_to_pkl
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq
 from stable_baselines3.common.vec_env import VecEnv
 
@@ -30,14 +27,16 @@ from sb3_amago.arguments import (
     check_replay_sizes,
     chosen_exploration,
     critics_from_policy_kwargs,
+    warn_without_reward_input,
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
-from sb3_amago.checkpoint import atomic_target, check_model_file, is_path, read_replay, run_state, set_run_state, write_replay
+from sb3_amago.checkpoint import check_model_file, read_replay, run_state, set_run_state, write_atomically
 from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
-from sb3_amago.keys import PREV_REWARD_KEY
+from sb3_amago.interrupt import sigterm_raises_interrupt
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
+from sb3_amago.relabel import visible_space
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
@@ -215,22 +214,22 @@ class AMAGO(OffPolicyAlgorithm):
         """All discount factors, the main one last."""
         return (*self.multigammas, float(self.gamma))
 
-    def _policy_observation_space(self) -> spaces.Space:
-        """The env's observation space without the keys the relabeler hides from the policy."""
-        hidden = tuple(getattr(self.relabeler, "hidden_keys", ()))
-        if not hidden:
-            return self.observation_space
-        assert isinstance(self.observation_space, spaces.Dict)
-        return spaces.Dict({k: v for k, v in self.observation_space.spaces.items() if k not in hidden})
-
     def _setup_model(self) -> None:
         check_observation_space(self.observation_space)
-        self._setup_data_parallel()
+        # With distributed: join the process group, take this rank's device, log on rank 0 only.
+        self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
+        self.device = self._dist.device
+        if not self._dist.is_main:
+            self.set_logger(Logger(folder=None, output_formats=[]))
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
         if self.relabeler is not None:
             self.relabeler.check(self.observation_space)
-        self._setup_exploration()
+        if self._exploration_from_args:  # built afresh, so that load(..., exploration_steps=...) changes it
+            self.exploration = epsilon_schedule(
+                self.epsilon_start, self.epsilon_end, self.exploration_steps, self.rollout_exploration_horizon
+            )
+        self.exploration.check(self.action_space)
         buffer_kwargs = {"max_seq_len": self.max_seq_len, **self.replay_buffer_kwargs}
         if self.relabeler is not None:
             buffer_kwargs["relabeler"] = self.relabeler
@@ -245,7 +244,7 @@ class AMAGO(OffPolicyAlgorithm):
             **buffer_kwargs,
         )
         self.policy = self.policy_class(  # type: ignore[assignment]
-            self._policy_observation_space(),
+            visible_space(self.observation_space, self.relabeler),
             self.action_space,
             self.lr_schedule,
             gammas=self.gammas,
@@ -260,23 +259,6 @@ class AMAGO(OffPolicyAlgorithm):
         self._dist.check_collection(
             self.train_freq, n_envs=self.n_envs, gradient_steps=self.gradient_steps, learning_starts=self.learning_starts
         )
-
-    def _setup_exploration(self) -> None:
-        """The exploration given at construction, else the epsilon schedule of the model's arguments
-        (built afresh at each setup, so that ``load(..., exploration_steps=...)`` changes it)."""
-        if self._exploration_from_args:
-            self.exploration = epsilon_schedule(
-                self.epsilon_start, self.epsilon_end, self.exploration_steps, self.rollout_exploration_horizon
-            )
-        self.exploration.check(self.action_space)
-
-    def _setup_data_parallel(self) -> None:
-        """With ``distributed``: join the process group, take this rank's device, and silence the
-        logger on ranks other than 0."""
-        self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
-        self.device = self._dist.device
-        if not self._dist.is_main:
-            self.set_logger(Logger(folder=None, output_formats=[]))
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's seeding; with ``distributed``, each rank uses its own seed (see
@@ -303,20 +285,17 @@ class AMAGO(OffPolicyAlgorithm):
         memory stays usable: ``predict``, ``save``, and ``learn`` again, which resets the envs
         and starts new rollouts (the replay closes the interrupted ones unfinished).
         """
-        with _sigterm_raises_interrupt():
+        with sigterm_raises_interrupt():
             try:
                 return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
             except KeyboardInterrupt:
-                self._abandon_rollouts()
+                # Forget the collection in progress (the interrupt may have come between an env step and its
+                # storage): the next learn resets the envs, and the replay's running rollouts end here.
+                self._last_obs = None
+                self._collect_state = None
+                if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
+                    self.replay_buffer.end_running_rollouts()
                 raise
-
-    def _abandon_rollouts(self) -> None:
-        """Forget the collection in progress (an interrupt may have come between an env step and
-        its storage): the next ``learn`` resets the envs, and the replay's running rollouts end here."""
-        self._last_obs = None
-        self._collect_state = None
-        if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
-            self.replay_buffer.end_running_rollouts()
 
     def _setup_learn(
         self,
@@ -331,15 +310,8 @@ class AMAGO(OffPolicyAlgorithm):
         if fresh_env or self._collect_state is None or self._collect_state.n_envs != self.n_envs:
             self._collect_state = self.policy.initial_state(self.n_envs)
             self.exploration.reset(self.n_envs)
-        if (
-            self.verbose >= 1
-            and reset_num_timesteps
-            and not (isinstance(self.observation_space, spaces.Dict) and PREV_REWARD_KEY in self.observation_space.spaces)
-        ):
-            warnings.warn(
-                "The observations carry no 'prev_reward' key, so the policy does not see rewards in context. "
-                "Wrap the env with sb3_amago.PrevRewardWrapper for in-context RL (meta-RL, reward-dependent memory)."
-            )
+        if self.verbose >= 1 and reset_num_timesteps:
+            warn_without_reward_input(self.observation_space)
         return total, callback
 
     def epsilon(self) -> float | None:
@@ -356,16 +328,12 @@ class AMAGO(OffPolicyAlgorithm):
             actor_out, state = policy.observe(obs, self._collect_state)
             if self.num_timesteps < learning_starts:
                 env_action = np.array([self.action_space.sample() for _ in range(n_envs)])
-                buffer_action = self._to_buffer_action(env_action)
+                buffer_action = th.as_tensor(policy.action_type.to_buffer(env_action), device=self.device)
             else:
                 action = policy.select_action(actor_out, deterministic=False)
                 buffer_action = self.exploration.explore(action, state.time_idx, self.num_timesteps, policy.action_type)
             self._collect_state = policy.commit_action(state, buffer_action)
         return policy.to_env_action(buffer_action), buffer_action.cpu().numpy()
-
-    def _to_buffer_action(self, env_action: np.ndarray) -> th.Tensor:
-        """Env-format actions -> the buffer representation ``(N, d)`` float tensor."""
-        return th.as_tensor(self.policy.action_type.to_buffer(env_action), device=self.device)
 
     def _store_transition(
         self,
@@ -464,11 +432,7 @@ class AMAGO(OffPolicyAlgorithm):
             return
         self._run_state = run_state(self)
         try:
-            if not is_path(path):
-                super().save(path, exclude, include)
-                return
-            with atomic_target(path, ".zip") as tmp:
-                super().save(tmp, exclude, include)
+            write_atomically(path, ".zip", functools.partial(super().save, exclude=exclude, include=include))
         finally:
             del self._run_state
 
@@ -476,10 +440,7 @@ class AMAGO(OffPolicyAlgorithm):
         """SB3's save_replay_buffer (a pickle, ``.pkl`` added to a path without suffix), written to a
         temporary file and moved into place: a save interrupted half-way (KeyboardInterrupt, full
         disk) never replaces an earlier good file."""
-        if is_path(path):
-            write_replay(path, self.replay_buffer)
-        else:
-            super().save_replay_buffer(path)
+        write_atomically(path, ".pkl", functools.partial(save_to_pkl, obj=self.replay_buffer, verbose=self.verbose))
 
     def load_replay_buffer(self, path: str | pathlib.Path | Any, truncate_last_traj: bool = True) -> None:
         """SB3's load_replay_buffer, checked before it replaces the model's replay: a file that is
@@ -523,26 +484,3 @@ class AMAGO(OffPolicyAlgorithm):
         if model._dist.per_rank_rng:
             model.set_random_seed(model.seed)  # the file's RNG states are rank 0's: each rank takes its own again
         return model
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGTERM arrived during ``AMAGO.learn`` (a job scheduler stopping the run, ``kill``): raised in
-    its place so the run unwinds as on Ctrl-C and the script can save before it exits."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`TrainingInterrupted` in the main thread, unless the
-    process already handles SIGTERM itself (its handler is then left alone); restored afterwards."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise TrainingInterrupted(f"Signal {signal.Signals(signum).name} received during learn.")
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)

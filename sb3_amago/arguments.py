@@ -1,12 +1,14 @@
 """Checks of AMAGO's constructor arguments: each raises a ValueError naming the argument and the fix,
 at construction rather than at the first update."""
 
+import warnings
 from typing import Any
 
 from gymnasium import spaces
 from stable_baselines3.common.noise import ActionNoise
 
 from sb3_amago.exploration import ActionNoiseExploration, Exploration
+from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.wrappers import flat_dict_space
 
 DEFAULT_N_CRITICS = 4
@@ -109,3 +111,12 @@ def check_observation_space(space: spaces.Space) -> None:
                 "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
                 "this part into one of them (or drop it)."
             )
+
+
+def warn_without_reward_input(observation_space: spaces.Space) -> None:
+    """Warn that the policy will not see rewards in context unless the observations carry ``prev_reward``."""
+    if not (isinstance(observation_space, spaces.Dict) and PREV_REWARD_KEY in observation_space.spaces):
+        warnings.warn(
+            "The observations carry no 'prev_reward' key, so the policy does not see rewards in context. "
+            "Wrap the env with sb3_amago.PrevRewardWrapper for in-context RL (meta-RL, reward-dependent memory)."
+        )

@@ -25,11 +25,6 @@ from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
 from sb3_amago.policies import TransformerPolicy
 
 
-def is_path(path: Any) -> bool:
-    """Whether ``path`` names a file (rather than being an open file object)."""
-    return isinstance(path, (str, pathlib.Path))
-
-
 @contextlib.contextmanager
 def atomic_target(path: str | pathlib.Path, suffix: str) -> Iterator[pathlib.Path]:
     """A temporary path beside ``path`` (``suffix`` added to a path without one) to write to; moved
@@ -47,6 +42,16 @@ def atomic_target(path: str | pathlib.Path, suffix: str) -> Iterator[pathlib.Pat
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_atomically(path: str | pathlib.Path | Any, suffix: str, write: Callable[[Any], None]) -> None:
+    """``write(target)`` through :func:`atomic_target` where ``path`` names a file (``suffix`` added to
+    one without), or straight into ``path`` where it is an open file object."""
+    if not isinstance(path, (str, pathlib.Path)):
+        write(path)
+        return
+    with atomic_target(path, suffix) as tmp:
+        write(tmp)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,12 +145,6 @@ def map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
 # ------------------------------------------------------------------------------------------------
 # Replay files
 # ------------------------------------------------------------------------------------------------
-def write_replay(path: str | pathlib.Path, buffer: TrajectoryReplayBuffer) -> None:
-    """Pickle ``buffer`` to ``path`` (``.pkl`` added to a path without suffix), atomically."""
-    with atomic_target(path, ".pkl") as tmp, open(tmp, "wb") as file:
-        pickle.dump(buffer, file, protocol=pickle.HIGHEST_PROTOCOL)
-
-
 def read_replay(
     path: Any, observation_space: spaces.Space, action_space: spaces.Space, n_envs: int, verbose: int = 0
 ) -> TrajectoryReplayBuffer:

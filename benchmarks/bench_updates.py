@@ -1,11 +1,18 @@
-"""Gradient updates per second, collection throughput and acting latency of AMAGO on CPU.
+"""Gradient updates per second, their share of the machine's matmul rate, collection throughput and
+acting latency of AMAGO on CPU.
 
 Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_model 128,
-3 layers, 8 heads, 4 critics, 19 discount factors, discrete actions, fp32. The original AMAGO
-implementation measured 9.6 updates/s at L = 64 and 2.8 at L = 256 on a 2-core machine of this
-kind (eager); the target is at least twice that. Also measured: env steps per second while
-collecting with 16 envs and the key/value cache, per-step acting latency, and the share of replay
-sampling in one training step at batch 24 x window 1,024.
+3 layers, 8 heads, 4 critics, 19 discount factors, discrete actions, fp32. Also measured:
+
+- **Roofline share.** One update runs under a recorder of its matrix products (``mm``, ``addmm``,
+  ``bmm``, ``baddbmm`` and the attention kernels, forward and backward); each product is then
+  replayed alone on fresh tensors of the same shapes, strides and dtype. The replay's time is what
+  the update's matrix work costs at its own shapes on this machine (the attainable rate, the
+  update's FLOPs over that time); its share of an update's time is the roofline share, and the rest
+  is time outside matrix products (elementwise ops, the optimizer, Python). The machine's peak, a
+  2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions.
+- Env steps per second while collecting with 16 envs and the key/value cache, per-step acting
+  latency, and the share of replay sampling in one training step at batch 24 x window 1,024.
 
     python benchmarks/bench_updates.py --threads 2            # full run, writes benchmarks/results/updates.*
     python benchmarks/bench_updates.py --threads 2 --quick    # a smoke run into updates_quick.*
@@ -15,6 +22,9 @@ sampling in one training step at batch 24 x window 1,024.
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -22,6 +32,9 @@ import torch as th
 from common import write_results
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode
 
 from sb3_amago import AMAGO
 
@@ -46,7 +59,16 @@ MULTIGAMMAS = (
     0.9994,
     0.9995,
 )
-REFERENCE_UPDATES_PER_S = {64: 9.6, 256: 2.8}
+aten = th.ops.aten
+#: The matrix products of an update (forward and backward) that the roofline replays.
+MATRIX_OPS = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+}
 
 
 class LongEpisodeEnv(gym.Env):
@@ -84,19 +106,121 @@ def make_model(n_envs: int, max_seq_len: int, buffer_size: int, device: str = "c
     )
 
 
-def updates_per_second(
-    max_seq_len: int, n_updates: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False
-) -> float:
+def trained_model(max_seq_len: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False) -> AMAGO:
+    """The reference model with a replay of full windows, after 3 warm-up updates (and compilation)."""
     model = make_model(4, max_seq_len, 50_000, device, compile_model)
     model.mixed_precision = mixed_precision
     model.learn(4 * (max_seq_len + 64))
-    model.train(gradient_steps=3, batch_size=8)  # warm-up (and compilation)
+    model.train(gradient_steps=3, batch_size=8)
+    return model
+
+
+def updates_per_second(
+    max_seq_len: int, n_updates: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False
+) -> float:
+    model = trained_model(max_seq_len, mixed_precision, device, compile_model)
     synchronize = th.cuda.synchronize if model.device.type == "cuda" else lambda: None
     synchronize()
     start = time.perf_counter()
     model.train(gradient_steps=n_updates, batch_size=8)
     synchronize()
     return n_updates / (time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a replayed tensor must match: shape, strides, dtype."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: th.dtype
+
+    def make(self) -> th.Tensor:
+        """Random values (zeros for integer tensors) laid out as recorded (expanded views included)."""
+        storage = 1 + sum((size - 1) * step for size, step in zip(self.shape, self.stride)) if all(self.shape) else 0
+        flat = th.randn(storage).to(self.dtype) if self.dtype.is_floating_point else th.zeros(storage, dtype=self.dtype)
+        return flat.as_strided(self.shape, self.stride)
+
+
+class MatrixOpRecorder(TorchDispatchMode):
+    """Records each matrix product that runs under it: the op and its arguments with every tensor
+    replaced by its :class:`TensorSpec`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, tuple, dict]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in MATRIX_OPS:
+            self.calls.append((func, tree_map(_spec, args), tree_map(_spec, kwargs)))
+        return func(*args, **kwargs)
+
+
+def _spec(x: Any) -> Any:
+    return TensorSpec(tuple(x.shape), tuple(x.stride()), x.dtype) if isinstance(x, th.Tensor) else x
+
+
+def replay_seconds(calls: list[tuple[Any, tuple, dict]], repeats: int) -> float:
+    """Seconds one pass over the recorded matrix products takes on fresh tensors (best of ``repeats``)."""
+
+    def make(x: Any) -> Any:
+        return x.make() if isinstance(x, TensorSpec) else x
+
+    prepared = [(func, tree_map(make, args), tree_map(make, kwargs)) for func, args, kwargs in calls]
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass warms the caches up
+        start = time.perf_counter()
+        for func, args, kwargs in prepared:
+            func(*args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def peak_gemm_flops(dtype: th.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a ``size``-cubed matrix product in ``dtype`` (best of ``repeats``)."""
+    a, b = th.randn(size, size).to(dtype), th.randn(size, size).to(dtype)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / best
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has bf16 matrix instructions (AVX-512 BF16 or AMX), as /proc/cpuinfo lists them."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            flags = next((line for line in file if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def roofline(max_seq_len: int, n_updates: int) -> dict[str, float]:
+    """The update's matrix-product FLOPs, their replay time at the update's shapes, and the share of
+    an update's time that replay accounts for (see the module docstring)."""
+    model = trained_model(max_seq_len)
+    recorder = MatrixOpRecorder()
+    counter = FlopCounterMode(display=False)
+    with recorder, counter:
+        model.train(gradient_steps=1, batch_size=8)
+    update_s = _timed(lambda: model.train(gradient_steps=n_updates, batch_size=8)) / n_updates
+    matrix_s = replay_seconds(recorder.calls, repeats=5)
+    flops = float(counter.get_total_flops())
+    return {
+        "update_ms": 1e3 * update_s,
+        "matrix_ms": 1e3 * matrix_s,
+        "matrix_share": matrix_s / update_s,
+        "gflop_per_update": flops / 1e9,
+        "attainable_gflops_at_update_shapes": flops / matrix_s / 1e9,
+        "achieved_gflops": flops / update_s / 1e9,
+        "matrix_ops_per_update": len(recorder.calls),
+    }
 
 
 def collection(n_envs: int, steps: int) -> dict[str, float]:
@@ -141,18 +265,21 @@ def main() -> None:
         return
     n = 3 if args.quick else 20
     figures: dict[str, dict] = {}
+    for dtype in (th.float32, th.bfloat16) if cpu_has_bf16() else (th.float32,):
+        name = str(dtype).removeprefix("torch.")
+        peak = peak_gemm_flops(dtype)
+        figures[f"peak_gemm_{name}"] = {"value": peak / 1e9, "unit": "GFLOP/s", "size": "2048 x 2048 x 2048"}
+        print(f"peak {name} GEMM: {peak / 1e9:.0f} GFLOP/s")
     for length in (64, 256):
         ups = updates_per_second(length, n)
-        figures[f"updates_per_s_L{length}"] = {
-            "value": ups,
-            "unit": "updates/s",
-            "original_amago": REFERENCE_UPDATES_PER_S[length],
-            "ratio_vs_original": ups / REFERENCE_UPDATES_PER_S[length],
-        }
+        figures[f"updates_per_s_L{length}"] = {"value": ups, "unit": "updates/s"}
         print(f"L={length}: {ups:.2f} updates/s")
         bf16 = updates_per_second(length, n, mixed_precision=True)
         figures[f"updates_per_s_L{length}_bf16_autocast"] = {"value": bf16, "unit": "updates/s", "ratio_vs_fp32": bf16 / ups}
         print(f"L={length} bf16 autocast: {bf16:.2f} updates/s")
+        roof = roofline(length, n)
+        figures[f"roofline_share_L{length}"] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}
+        print(f"L={length} roofline: {figures[f'roofline_share_L{length}']}")
     coll = collection(n_envs=16, steps=20 if args.quick else 200)
     figures["collect_env_steps_per_s_16_envs"] = {"value": coll["env_steps_per_s"], "unit": "env steps/s"}
     figures["predict_latency_16_envs"] = {"value": coll["predict_ms_16_envs_median"], "unit": "ms per call (median)"}

@@ -6,6 +6,7 @@ import datetime
 import json
 import platform
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,27 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def git_commit() -> str:
+    """The commit the benchmark's code is at (short hash, ``+dirty`` when tracked files differ from
+    it), or ``"unknown"`` outside a git checkout."""
+    here = Path(__file__).parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short=10", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}+dirty" if dirty else commit
+
+
 def run_metadata() -> dict[str, Any]:
     """The command that produced a result and the machine it ran on."""
     return {
         "command": shlex.join(["python", *sys.argv]),
+        "commit": git_commit(),
         "torch_version": th.__version__,
         "threads": th.get_num_threads(),
         "cpu_model": cpu_model(),

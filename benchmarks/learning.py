@@ -108,7 +108,7 @@ import gymnasium as gym
 import numpy as np
 import rl_zoo3
 import torch as th
-from common import RESULTS_DIR, run_metadata
+from common import RESULTS_DIR, git_commit, run_metadata
 from gymnasium.wrappers import FlattenObservation
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -161,9 +161,10 @@ FIELDS: dict[str, type] = {
     "score": float,
     "trial_returns": str,
     "final": int,
+    "commit": str,
 }
 #: Columns added after the first results: their value in rows written before them.
-FIELD_DEFAULTS = {"trial_returns": ""}
+FIELD_DEFAULTS = {"trial_returns": "", "commit": ""}
 
 Row = dict[str, Any]
 
@@ -464,7 +465,8 @@ def train_run(key: RunKey, config: "Config") -> None:
             flush=True,
         )
 
-    recorder = EvalRecorder(evaluate, max(1, key.budget // config.evals), key.budget, key._asdict(), on_row)
+    run_fields = {**key._asdict(), "commit": git_commit()}
+    recorder = EvalRecorder(evaluate, max(1, key.budget // config.evals), key.budget, run_fields, on_row)
     model.learn(key.budget, callback=recorder)
     env.close()
     eval_env.close()
@@ -494,9 +496,15 @@ def write_rows(path: Path, rows: Sequence[Row]) -> None:
 
 
 def append_row(path: Path, row: Row) -> None:
-    """Append one row, with the header if the file is new."""
+    """Append one row, with the header if the file is new. A file written before a column was added
+    is first rewritten with today's header (its rows get the column's default)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with open(path, newline="") as file:
+            header = next(csv.reader(file), [])
+        if header != list(FIELDS):
+            write_rows(path, read_rows(path))
     with open(path, "a", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=list(FIELDS))
         if new:

@@ -26,6 +26,7 @@ def make_rows(task: str, algo: str, seed: int, budget: int, scores: list[float],
             "score": score,
             "trial_returns": "",
             "final": int(finished and i == len(scores) - 1),
+            "commit": "abc1234",
         }
         for i, score in enumerate(scores)
     ]
@@ -118,12 +119,31 @@ def test_write_report_files(tmp_path: Path) -> None:
     assert (tmp_path / "learning_quick_TMaze100.png").stat().st_size > 0
 
 
-def test_rows_written_before_the_trial_returns_column_still_read(tmp_path: Path) -> None:
+def test_rows_written_before_the_trial_returns_and_commit_columns_still_read(tmp_path: Path) -> None:
     path = tmp_path / "old.csv"
-    old_fields = [field for field in learning.FIELDS if field != "trial_returns"]
+    old_fields = [field for field in learning.FIELDS if field not in ("trial_returns", "commit")]
     path.write_text(",".join(old_fields) + "\nRepeatFirstEasy,amago,0,300,0,0.0,-1.0,0.0,0.25,1\n")
     (row,) = learning.read_rows(path)
-    assert row["trial_returns"] == "" and row["score"] == 0.25 and row["final"] == 1
+    assert row["trial_returns"] == "" and row["commit"] == "" and row["score"] == 0.25 and row["final"] == 1
+
+
+def test_appending_to_a_file_with_an_older_header_keeps_every_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.csv"
+    old_fields = [field for field in learning.FIELDS if field != "commit"]
+    path.write_text(",".join(old_fields) + "\nRepeatFirstEasy,amago,0,300,0,0.0,-1.0,0.0,0.25,,1\n")
+    (new_row,) = make_rows("TMaze100", "amago", 0, 500, [0.5])
+    learning.append_row(path, new_row)
+    old_row, read_back = learning.read_rows(path)
+    assert old_row["commit"] == "" and old_row["score"] == 0.25
+    assert read_back == new_row
+    assert path.read_text().splitlines()[0] == ",".join(learning.FIELDS)
+
+
+def test_a_run_records_the_commit_it_ran_on() -> None:
+    import common
+
+    commit = common.git_commit()
+    assert commit == "unknown" or len(commit.split("+")[0]) == 10
 
 
 def test_each_task_runs_its_own_algorithms() -> None:

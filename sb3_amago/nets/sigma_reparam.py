@@ -53,17 +53,20 @@ class SigmaReparamLinear(nn.Module):
     def _power_step(self) -> None:
         """One power-iteration step, updating ``u`` and ``v`` in place."""
         weight = self.weight.detach().to(self.u.dtype)  # (out, in)
-        self.v.copy_(F.normalize((weight * self.u[:, None]).sum(0), dim=0, eps=_EPS))
-        self.u.copy_(F.normalize((weight * self.v[None, :]).sum(1), dim=0, eps=_EPS))
+        with _full_precision(weight):
+            self.v.copy_(F.normalize(th.mv(weight.t(), self.u), dim=0, eps=_EPS))
+            self.u.copy_(F.normalize(th.mv(weight, self.v), dim=0, eps=_EPS))
 
     def sigma(self) -> th.Tensor:
-        """Current estimate of the largest singular value of ``W`` (0-dim, differentiable in ``W``).
+        """Current estimate of the largest singular value of ``W``, ``u^T W v`` (0-dim,
+        differentiable in ``W``).
 
         The vectors are cloned so that a later power step, updating them in place, does not
-        invalidate a graph built from this estimate. Here and in the power step, products are
-        written elementwise so that autocast never lowers their precision.
+        invalidate a graph built from this estimate. Here and in the power step, autocast is off, so
+        that it never lowers their precision.
         """
-        return (self.u.clone()[:, None] * self.weight.to(self.u.dtype) * self.v.clone()[None, :]).sum()
+        with _full_precision(self.weight):
+            return th.dot(self.u.clone(), th.mv(self.weight.to(self.u.dtype), self.v.clone()))
 
     def forward(self, x: th.Tensor) -> th.Tensor:
         """:param x: ``(..., in_features)`` -> ``(..., out_features)``"""
@@ -74,6 +77,11 @@ class SigmaReparamLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _full_precision(tensor: th.Tensor) -> th.autocast:
+    """A context in which autocast is off on ``tensor``'s device."""
+    return th.autocast(device_type=tensor.device.type, enabled=False)
 
 
 def make_linear(in_features: int, out_features: int, sigma_reparam: bool, bias: bool = True) -> nn.Module:

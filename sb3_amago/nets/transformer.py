@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sb3_amago.nets.base import TrajEncoder
+from sb3_amago.nets.dropout import FastDropout
 from sb3_amago.nets.sigma_reparam import make_linear
 
 #: Position schemes: added to the layer-0 input ("sinusoidal", "learnable"), rotating queries and keys
@@ -125,7 +126,7 @@ class TransformerBlock(nn.Module):
         self.ff_in = make_linear(d_model, d_ff, sigma_reparam)
         self.norm_ff_hidden = nn.LayerNorm(d_ff)
         self.ff_out = make_linear(d_ff, d_model, sigma_reparam)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = FastDropout(dropout)
 
     def _qkv(self, x: th.Tensor, rotary: Rotary) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """``(B, L, D)`` residual stream -> query, key, value, each ``(B, H, L, Dh)``; queries and
@@ -232,7 +233,7 @@ class TransformerTrajEncoder(TrajEncoder):
         self.window_slide = window_slide
         self.input_proj = nn.Linear(d_in, d_model)
         self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" and max_time is not None else None
-        self.emb_dropout = nn.Dropout(dropout)
+        self.emb_dropout = FastDropout(dropout)
         self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers))
         self.out_norm = nn.LayerNorm(d_model)
 

@@ -1,0 +1,96 @@
+"""Updates per second of two versions of the package, measured side by side in one run.
+
+A git worktree of ``--base`` is made in a temporary folder; each measurement runs in a fresh process
+(``bench_updates.updates_per_second`` at the reference configuration), alternating base and the
+working tree, ``--rounds`` times per window length. Both sides see the same machine state, so their
+ratio holds even where absolute figures drift between runs; the median of each side and the median
+of the per-round ratios are reported, with the load average beside every figure.
+
+    python benchmarks/compare_commits.py --base b580c91 --threads 2 --rounds 5
+    python benchmarks/compare_commits.py --base HEAD~3 --lengths 64 --rounds 3 --updates 10
+
+Results: ``benchmarks/results/compare_commits.json`` / ``.md`` (``--name`` changes the file name).
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import RESULTS_DIR, write_results
+
+REPO = Path(__file__).resolve().parents[1]
+
+MEASURE = """
+import sys, torch as th
+th.set_num_threads(int(sys.argv[1]))
+from bench_updates import updates_per_second
+print(updates_per_second(int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def measure(tree: Path, threads: int, length: int, updates: int) -> float:
+    """Updates/s of the package in ``tree``, in a fresh process that imports it from there."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates)],
+        cwd=tree / "benchmarks",
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="git revision to compare the working tree against")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=20, help="timed updates per measurement")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--name", default="compare_commits")
+    args = parser.parse_args()
+    base_commit = subprocess.run(
+        ["git", "rev-parse", "--short=10", args.base], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    figures: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base_tree = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), base_commit], cwd=REPO, check=True)
+        try:
+            for length in args.lengths:
+                sides: dict[str, list[float]] = {"base": [], "new": []}
+                loads: list[float] = []
+                for round_ in range(args.rounds):
+                    for side, tree in (("base", base_tree), ("new", REPO)):
+                        loads.append(load_average())
+                        sides[side].append(measure(tree, args.threads, length, args.updates))
+                        print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
+                ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
+                figures[f"speedup_L{length}"] = {
+                    "value": statistics.median(ratios),
+                    "unit": "x (median of per-round ratios)",
+                    "base_median_updates_per_s": statistics.median(sides["base"]),
+                    "new_median_updates_per_s": statistics.median(sides["new"]),
+                    "base_runs": [round(v, 3) for v in sides["base"]],
+                    "new_runs": [round(v, 3) for v in sides["new"]],
+                    "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
+                }
+                print(f"L={length}: {figures[f'speedup_L{length}']}")
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, check=False)
+    config = {"base": base_commit, "threads": args.threads, "rounds": args.rounds, "updates_per_measurement": args.updates}
+    write_results(args.name, config, figures, RESULTS_DIR)
+
+
+if __name__ == "__main__":
+    main()

@@ -279,7 +279,7 @@ class AMAGO(OffPolicyAlgorithm):
     ) -> SelfAMAGO:
         """SB3's learn; runs log to TensorBoard as ``AMAGO_<n>`` by default, as SAC's do as ``SAC_<n>``.
 
-        A ``KeyboardInterrupt``, or a SIGTERM (raised as :class:`TrainingInterrupted`, a
+        A ``KeyboardInterrupt``, or a SIGTERM (raised as :class:`~sb3_amago.interrupt.TrainingInterrupted`, a
         ``KeyboardInterrupt``, while the process has no SIGTERM handler of its own), stops training
         and propagates: files saved before it stay intact (saves are atomic), and the model in
         memory stays usable: ``predict``, ``save``, and ``learn`` again, which resets the envs

@@ -96,13 +96,12 @@ def run_state(model: Any) -> dict[str, Any]:
     }
 
 
-def set_run_state(model: Any, state: dict[str, Any], restore_rng: bool = True) -> None:
+def set_run_state(model: Any, state: dict[str, Any]) -> None:
     """Put back what :func:`run_state` returned: the context on the model's device, the exploration's
-    state and (if ``restore_rng``) the RNG states."""
+    state and the RNG states."""
     model._collect_state = map_tensors(state["context"], lambda t: t.to(model.device))
     model.exploration.set_state(state["exploration"] if "exploration" in state else {"scale": state["explore_scale"]})
-    if restore_rng:
-        set_rng_state(state["rng"], model.action_space)
+    set_rng_state(state["rng"], model.action_space)
 
 
 def rng_state(action_space: spaces.Space) -> dict[str, Any]:

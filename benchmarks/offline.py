@@ -112,7 +112,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--episodes", type=int, default=200, help="episodes of the offline datasets")
     parser.add_argument("--updates", type=int, default=3_000, help="offline updates")
     parser.add_argument("--o2o-episodes", type=int, default=10, help="expert episodes before online learning")
-    parser.add_argument("--o2o-updates", type=int, default=300, help="offline updates before online learning")
+    parser.add_argument("--o2o-updates", type=int, default=1_000, help="offline updates before online learning")
     parser.add_argument("--budget", type=int, default=8_000, help="env steps of the online cells")
     parser.add_argument("--eval-every", type=int, default=500, help="updates (offline) or env steps (online)")
     parser.add_argument("--eval-episodes", type=int, default=16)

@@ -5,7 +5,8 @@ written back as a Minari dataset.
 The dataset is made here: episodes of a scripted solver (walk right, then turn to the side the
 first observation showed) and some random ones, stored with Minari's ``create_dataset_from_buffers``
 in a temporary folder (``MINARI_DATASETS_PATH``); nothing is downloaded. Runs on CPU in a few
-minutes at corridor 10. Needs ``pip install sb3-amago[data]``.
+minutes at corridor 10 (seed 0: solved, return 1.0, after the offline updates with zero env steps,
+and still after the online ones). Needs ``pip install sb3-amago[data]``.
 
     python examples/offline_tmaze.py [--corridor 10] [--episodes 100] [--updates 1500]
 """

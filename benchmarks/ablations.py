@@ -19,28 +19,30 @@ steps and training seconds to a mean return of 0.9 and 0.99 per seed (evaluation
 """
 
 import argparse
-import csv
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch as th
 from common import add_learning_run_args, provenance, run_metadata
-from stable_baselines3.common.callbacks import BaseCallback
+from curves import (
+    RETURN_FIELDS,
+    CurveStore,
+    first_reach,
+    markdown_table,
+    per_seed,
+    return_run,
+    train_with_returns,
+    write_report,
+)
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_amago import AMAGO
 
 ENV_ID = "amago-popgym-RepeatPreviousEasy-v0"
 THRESHOLDS = (0.9, 0.99)
 EVAL_EPISODES = 16
-EVAL_SEED_OFFSET = 10_000
-FIELDS = ("variant", "seed", "attempt", "env_steps", "wall_s", "mean_return", "final")
-
 #: The settings every variant shares.
 BASE: dict[str, Any] = {
     "batch_size": 24,
@@ -97,120 +99,39 @@ def make_model(variant: str, seed: int, device: str) -> AMAGO:
     return AMAGO("TransformerPolicy", env, seed=seed, device=device, policy_kwargs=policy_kwargs, **{**BASE, **overrides})
 
 
-class Recorder(BaseCallback):
-    """Evaluates every ``every`` env steps on :data:`EVAL_EPISODES` deterministic episodes of
-    ``env_id``, appends a CSV row, stops at the budget or once two evaluations in a row reach
-    ``stop_return``. Training seconds exclude evaluation."""
-
-    def __init__(
-        self,
-        variant: str,
-        seed: int,
-        every: int,
-        budget: int,
-        csv_path: Path,
-        env_id: str = ENV_ID,
-        stop_return: float = THRESHOLDS[-1],
-    ) -> None:
-        super().__init__()
-        self.fields = {"variant": variant, "seed": seed, "attempt": int(time.time())}
-        self.every, self.budget, self.csv_path, self.stop_return = every, budget, csv_path, stop_return
-        self.next_eval = every
-        self.start = self.eval_s = 0.0
-        self.hits = 0
-        self.eval_env = make_vec_env(env_id, n_envs=8, seed=seed + EVAL_SEED_OFFSET)
-
-    def _on_training_start(self) -> None:
-        self.start = time.perf_counter()
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps < self.next_eval:
-            return True
-        self.next_eval += self.every
-        mean_return = self._evaluate()
-        self.hits = self.hits + 1 if mean_return >= self.stop_return else 0
-        done = self.hits >= 2 or self.num_timesteps >= self.budget
-        self._append(mean_return, final=done)
-        return not done
-
-    def _evaluate(self) -> float:
-        began = time.perf_counter()
-        returns, _ = evaluate_policy(self.model, self.eval_env, EVAL_EPISODES, deterministic=True, return_episode_rewards=True)
-        self.eval_s += time.perf_counter() - began
-        return float(np.mean(returns))
-
-    def _append(self, mean_return: float, final: bool) -> None:
-        wall = time.perf_counter() - self.start - self.eval_s
-        row = {
-            **self.fields,
-            "env_steps": self.num_timesteps,
-            "wall_s": round(wall, 1),
-            "mean_return": mean_return,
-            "final": int(final),
-        }
-        new = not self.csv_path.exists()
-        with open(self.csv_path, "a", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=FIELDS)
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-        print(
-            f"{row['variant']:>14} seed {row['seed']} {row['env_steps']:>6} steps  return {mean_return:+.3f}  {wall:6.0f} s",
-            flush=True,
-        )
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    types = {
-        "variant": str,
-        "seed": int,
-        "attempt": int,
-        "env_steps": int,
-        "wall_s": float,
-        "mean_return": float,
-        "final": int,
-    }
-    with open(path, newline="") as file:
-        return [{k: types[k](v) for k, v in row.items()} for row in csv.DictReader(file)]
-
-
-def first_reach(rows: Sequence[dict[str, Any]], threshold: float) -> tuple[int, float] | None:
-    """(env steps, training seconds) of the first evaluation at or above ``threshold``."""
-    for row in sorted(rows, key=lambda r: r["env_steps"]):
-        if row["mean_return"] >= threshold:
-            return row["env_steps"], row["wall_s"]
-    return None
-
-
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    finished = {(r["variant"], r["seed"]) for r in rows if r["final"]}
+    finished = {return_run(r) for r in rows if r["final"]}
     out: dict[str, dict[str, Any]] = {}
     for variant in dict.fromkeys(r["variant"] for r in rows):
         seeds = sorted(s for v, s in finished if v == variant)
         entry: dict[str, Any] = {"changes": VARIANTS.get(variant, ("(removed variant)",))[0], "seeds": seeds}
         for threshold in THRESHOLDS:
-            per_seed = []
-            for seed in seeds:
-                hit = first_reach([r for r in rows if r["variant"] == variant and r["seed"] == seed], threshold)
-                per_seed.append(None if hit is None else {"env_steps": hit[0], "train_s": hit[1]})
-            entry[f"to_{threshold:g}"] = per_seed
-        entry["budget_steps"] = [
-            max(r["env_steps"] for r in rows if r["variant"] == variant and r["seed"] == s) for s in seeds
-        ]
+            hits = [first_reach([r for r in rows if return_run(r) == (variant, seed)], threshold) for seed in seeds]
+            entry[f"to_{threshold:g}"] = [
+                None if hit is None else {"env_steps": hit["env_steps"], "train_s": hit["wall_s"]} for hit in hits
+            ]
+        entry["budget_steps"] = [max(r["env_steps"] for r in rows if return_run(r) == (variant, s)) for s in seeds]
         out[variant] = entry
     return out
 
 
-def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], note: str) -> str:
+def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], note: str) -> list[str]:
     def cell(values: list[dict[str, Any] | None], budgets: list[int], key: str) -> str:
-        parts = [
+        return per_seed(
             f"{v[key]:,.0f}" if v else f">{b:,}" if key == "env_steps" else "-" for v, b in zip(values, budgets, strict=True)
-        ]
-        return " / ".join(parts)
+        )
 
-    lines = [
+    table = [
+        (
+            name,
+            e["changes"],
+            cell(e["to_0.9"], e["budget_steps"], "env_steps"),
+            cell(e["to_0.99"], e["budget_steps"], "env_steps"),
+            cell(e["to_0.99"], e["budget_steps"], "train_s"),
+        )
+        for name, e in summary.items()
+    ]
+    return [
         "# Ablations on POPGym RepeatPreviousEasy",
         "",
         note,
@@ -222,16 +143,8 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], note: str
             "one figure per seed (0 / 1 / 2); `>N`: not reached in the N steps the run took."
         ),
         "",
-        "| variant | what it changes | steps to 0.9 | steps to 0.99 | seconds to 0.99 |",
-        "|---|---|---|---|---|",
+        markdown_table(("variant", "what it changes", "steps to 0.9", "steps to 0.99", "seconds to 0.99"), table),
     ]
-    for name, e in summary.items():
-        b = e["budget_steps"]
-        lines.append(
-            f"| {name} | {e['changes']} | {cell(e['to_0.9'], b, 'env_steps')} | {cell(e['to_0.99'], b, 'env_steps')} | "
-            f"{cell(e['to_0.99'], b, 'train_s')} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 NOTE = (
@@ -255,30 +168,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
-    csv_path = args.out_dir / "ablations_curves.csv"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    store = CurveStore(args.out_dir / "ablations_curves.csv", RETURN_FIELDS)
     if not args.report_only:
         for variant in args.variants:
             for seed in args.seeds:
-                rows = read_rows(csv_path)
-                if any(r["final"] and r["variant"] == variant and r["seed"] == seed for r in rows):
+                if (variant, seed) in store.finished(return_run):
                     continue
-                model = make_model(variant, seed, args.device)
-                model.learn(args.budget, callback=Recorder(variant, seed, args.eval_every, args.budget, csv_path))
-    write_report(csv_path, args.out_dir)
+                train_with_returns(
+                    make_model(variant, seed, args.device),
+                    variant,
+                    seed,
+                    args.eval_every,
+                    args.budget,
+                    store,
+                    ENV_ID,
+                    THRESHOLDS[-1],
+                    EVAL_EPISODES,
+                )
+    write_ablation_report(store, args.out_dir)
 
 
-def write_report(csv_path: Path, out_dir: Path) -> None:
-    import json
-
-    rows = read_rows(csv_path)
-    finished = {(r["variant"], r["seed"], r["attempt"]) for r in rows if r["final"]}
-    rows = [r for r in rows if (r["variant"], r["seed"], r["attempt"]) in finished]
+def write_ablation_report(store: CurveStore, out_dir: Path) -> None:
+    rows = store.read()
+    finished = {(*return_run(r), r["attempt"]) for r in rows if r["final"]}
+    rows = [r for r in rows if (*return_run(r), r["attempt"]) in finished]
     summary = summarize(rows)
     meta = run_metadata()
     config = {"env_id": ENV_ID, "n_envs": N_ENVS, **BASE, "traj_encoder_kwargs": BASE_ENCODER, "eval_episodes": EVAL_EPISODES}
-    (out_dir / "ablations.json").write_text(json.dumps({"config": config, "variants": summary, **meta}, indent=2) + "\n")
-    (out_dir / "ablations.md").write_text(markdown(summary, meta, NOTE))
+    write_report(out_dir, "ablations", {"config": config, "variants": summary, **meta}, markdown(summary, meta, NOTE))
 
 
 if __name__ == "__main__":

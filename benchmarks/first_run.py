@@ -13,14 +13,22 @@ excluded) to a normalised score of 0.9 and the best score reached. Target: >= 0.
 """
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch as th
-from ablations import Recorder, first_reach, read_rows
 from common import add_learning_run_args, provenance, run_metadata
+from curves import (
+    RETURN_FIELDS,
+    CurveStore,
+    first_reach,
+    markdown_table,
+    per_seed,
+    return_run,
+    train_with_returns,
+    write_report,
+)
 
 from sb3_amago import AMAGO
 from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES, popgym_normalized_score
@@ -35,29 +43,35 @@ def return_at_score(task: str, score: float) -> float:
     return low + score * (high - low)
 
 
-def report(csv_path: Path, out_dir: Path) -> None:
+def report(store: CurveStore, out_dir: Path) -> None:
     """Per task and seed, from its latest attempt (a run stopped before its budget or target is
     marked ``stopped``): steps and seconds to the target, best score, steps run."""
-    rows = read_rows(csv_path)
-    latest = {(r["variant"], r["seed"]): r["attempt"] for r in sorted(rows, key=lambda r: r["attempt"])}
+    rows = store.read()
+    latest = {return_run(r): r["attempt"] for r in sorted(rows, key=lambda r: r["attempt"])}
     results: dict[str, list[dict]] = {}
     for (task, seed), attempt in sorted(latest.items()):
-        run = [r for r in rows if (r["variant"], r["seed"], r["attempt"]) == (task, seed, attempt)]
+        run = [r for r in rows if (*return_run(r), r["attempt"]) == (task, seed, attempt)]
         hit = first_reach(run, return_at_score(task, TARGET))
         results.setdefault(task, []).append(
             {
                 "seed": seed,
-                "steps_to_0.9": None if hit is None else hit[0],
-                "seconds_to_0.9": None if hit is None else hit[1],
+                "steps_to_0.9": None if hit is None else hit["env_steps"],
+                "seconds_to_0.9": None if hit is None else hit["wall_s"],
                 "best_score": max(popgym_normalized_score(task, r["mean_return"]) for r in run),
                 "steps_run": max(r["env_steps"] for r in run),
                 "stopped": not any(r["final"] for r in run),
             }
         )
     meta = run_metadata()
-    (out_dir / "first_run.json").write_text(
-        json.dumps({"budget": BUDGET, "target": TARGET, "results": results, **meta}, indent=2) + "\n"
-    )
+    table = [
+        (
+            task,
+            per_seed("-" if r["steps_to_0.9"] is None else f"{r['steps_to_0.9']:,} ({r['seconds_to_0.9']:.0f})" for r in runs),
+            per_seed(f"{r['best_score']:.3f}" for r in runs),
+            per_seed(f"{r['steps_run']:,}" + (" (stopped)" if r["stopped"] else "") for r in runs),
+        )
+        for task, runs in results.items()
+    ]
     lines = [
         "# First run: every default, one env",
         "",
@@ -71,17 +85,9 @@ def report(csv_path: Path, out_dir: Path) -> None:
             "its budget or its target."
         ),
         "",
-        "| task | steps (s) to 0.9 | best score | steps run |",
-        "|---|---|---|---|",
+        markdown_table(("task", "steps (s) to 0.9", "best score", "steps run"), table),
     ]
-    for task, runs in results.items():
-        reach = " / ".join(
-            "-" if r["steps_to_0.9"] is None else f"{r['steps_to_0.9']:,} ({r['seconds_to_0.9']:.0f})" for r in runs
-        )
-        best = " / ".join(f"{r['best_score']:.3f}" for r in runs)
-        steps = " / ".join(f"{r['steps_run']:,}" + (" (stopped)" if r["stopped"] else "") for r in runs)
-        lines.append(f"| {task} | {reach} | {best} | {steps} |")
-    (out_dir / "first_run.md").write_text("\n".join(lines) + "\n")
+    write_report(out_dir, "first_run", {"budget": BUDGET, "target": TARGET, "results": results, **meta}, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -91,19 +97,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     add_learning_run_args(parser)
     args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
-    csv_path = args.out_dir / "first_run_curves.csv"
+    store = CurveStore(args.out_dir / "first_run_curves.csv", RETURN_FIELDS)
     if not args.report_only:
         for task in args.tasks:
             for seed in args.seeds:
-                if any(r["final"] and (r["variant"], r["seed"]) == (task, seed) for r in read_rows(csv_path)):
+                if (task, seed) in store.finished(return_run):
                     continue
                 env_id = f"amago-popgym-{task}-v0"
                 model = AMAGO("TransformerPolicy", env_id, seed=seed)
-                stop = return_at_score(task, 0.99)
-                model.learn(
-                    BUDGET, callback=Recorder(task, seed, EVAL_EVERY, BUDGET, csv_path, env_id=env_id, stop_return=stop)
+                train_with_returns(
+                    model, task, seed, EVAL_EVERY, BUDGET, store, env_id, stop_return=return_at_score(task, 0.99)
                 )
-    report(csv_path, args.out_dir)
+    report(store, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -96,26 +96,22 @@ seconds at which the mean over seeds first reaches 0.9, with the number of seeds
 
 import argparse
 import copy
-import csv
-import json
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import curves
 import gymnasium as gym
 import numpy as np
 import rl_zoo3
 import torch as th
 from common import RESULTS_DIR, git_commit, run_metadata
+from curves import EVAL_SEED_OFFSET, Curve, CurveStore, EvalRecorder, markdown_table, mean_curve, plot_curves, run_curve
 from gymnasium.wrappers import FlattenObservation
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from sb3_contrib import RecurrentPPO
 from stable_baselines3 import DQN, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
@@ -146,8 +142,6 @@ ZOO_HYPERPARAMS = Path(rl_zoo3.__file__).resolve().parent / "hyperparams"
 BUDGET_SCALED_KEYS = ("exploration_steps",)
 #: Evaluation envs run side by side (at most one per episode).
 EVAL_ENVS = 8
-#: Evaluation envs are seeded with the run's seed plus this, apart from the training envs.
-EVAL_SEED_OFFSET = 10_000
 #: CSV columns and their types.
 FIELDS: dict[str, type] = {
     "task": str,
@@ -377,52 +371,6 @@ class Evaluation(NamedTuple):
     trial_returns: str
 
 
-class EvalRecorder(BaseCallback):
-    """Evaluates at the start, every ``eval_freq`` env steps below the budget, and at the end; hands
-    each row to ``on_row``. Training seconds exclude the time spent evaluating."""
-
-    def __init__(
-        self,
-        evaluate: Callable[[], Evaluation],
-        eval_freq: int,
-        budget: int,
-        run_fields: Row,
-        on_row: Callable[[Row], None],
-    ) -> None:
-        super().__init__()
-        self.evaluate = evaluate
-        self.eval_freq = eval_freq
-        self.budget = budget
-        self.run_fields = run_fields
-        self.on_row = on_row
-        self.next_eval = eval_freq
-        self.start = 0.0
-        self.eval_seconds = 0.0
-
-    def _on_training_start(self) -> None:
-        self.start = time.perf_counter()
-        self._record(final=False)
-
-    def _on_step(self) -> bool:
-        if self.next_eval <= self.num_timesteps < self.budget:
-            self._record(final=False)
-            while self.next_eval <= self.num_timesteps:
-                self.next_eval += self.eval_freq
-        return True
-
-    def _on_training_end(self) -> None:
-        self._record(final=True)
-
-    def _record(self, final: bool) -> None:
-        began = time.perf_counter()
-        wall = began - self.start - self.eval_seconds
-        evaluation = self.evaluate()
-        self.eval_seconds += time.perf_counter() - began
-        self.on_row(
-            {**self.run_fields, "env_steps": self.num_timesteps, "wall_s": wall, **evaluation._asdict(), "final": int(final)}
-        )
-
-
 def evaluate_model(model: BaseAlgorithm, eval_env: VecEnv, task: Task, n_episodes: int) -> Evaluation:
     """``n_episodes`` deterministic episodes: return mean and std, the task's score and, for meta-RL
     tasks, the mean return of each of the first ``task.trials`` trials (``;``-separated)."""
@@ -452,13 +400,13 @@ def train_run(key: RunKey, config: "Config") -> None:
     eval_env = make_envs(task, settings, min(EVAL_ENVS, config.eval_episodes), key.seed + EVAL_SEED_OFFSET, training=False)
     model = settings.algo_class(env=env, seed=key.seed, device=config.device, verbose=0, **settings.kwargs)
 
-    def evaluate() -> Evaluation:
+    def evaluate() -> dict[str, Any]:
         if settings.normalize:
             sync_envs_normalization(env, eval_env)
-        return evaluate_model(model, eval_env, task, config.eval_episodes)
+        return evaluate_model(model, eval_env, task, config.eval_episodes)._asdict()
 
     def on_row(row: Row) -> None:
-        append_row(config.csv_path, row)
+        config.store.append(row)
         print(
             f"    {row['env_steps']:>10,} steps  score {row['score']:.3f}  return {row['mean_return']:.3f}  "
             f"train {row['wall_s']:,.0f} s",
@@ -475,59 +423,9 @@ def train_run(key: RunKey, config: "Config") -> None:
 # ----------------------------------------------------------------------------------------------
 # CSV
 # ----------------------------------------------------------------------------------------------
-def read_rows(path: Path) -> list[Row]:
-    """The CSV's rows with typed values (none if the file does not exist)."""
-    if not path.exists():
-        return []
-    with open(path, newline="") as file:
-        return [
-            {key: kind(row.get(key, FIELD_DEFAULTS.get(key))) for key, kind in FIELDS.items()} for row in csv.DictReader(file)
-        ]
-
-
-def write_rows(path: Path, rows: Sequence[Row]) -> None:
-    """Replace the CSV with ``rows`` (through a temporary file, so a crash leaves the old one)."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(FIELDS))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
-def append_row(path: Path, row: Row) -> None:
-    """Append one row, with the header if the file is new. A file written before a column was added
-    is first rewritten with today's header (its rows get the column's default)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with open(path, newline="") as file:
-            header = next(csv.reader(file), [])
-        if header != list(FIELDS):
-            write_rows(path, read_rows(path))
-    with open(path, "a", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(FIELDS))
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-
-
-def finished_runs(rows: Sequence[Row]) -> set[RunKey]:
-    """Runs with a final row."""
-    return {run_key(row) for row in rows if row["final"]}
-
-
-def drop_unfinished(path: Path, only: Iterable[RunKey] | None = None) -> set[RunKey]:
-    """Remove the rows of runs without a final row (interrupted runs), of the runs in ``only`` if
-    given (so a process leaves alone the runs another process has in progress); return the
-    finished runs."""
-    rows = read_rows(path)
-    finished = finished_runs(rows)
-    dropped = None if only is None else set(only)
-    kept = [row for row in rows if run_key(row) in finished or (dropped is not None and run_key(row) not in dropped)]
-    if len(kept) < len(rows):
-        write_rows(path, kept)
-    return finished
+def curve_store(path: Path) -> CurveStore:
+    """The CSV of evaluation rows at ``path`` (:data:`FIELDS`)."""
+    return CurveStore(path, FIELDS, FIELD_DEFAULTS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -553,6 +451,11 @@ class Config:
     def csv_path(self) -> Path:
         """Where evaluation rows are appended."""
         return self.out_dir / f"{self.prefix}_curves.csv"
+
+    @property
+    def store(self) -> CurveStore:
+        """The CSV at :attr:`csv_path`."""
+        return curve_store(self.csv_path)
 
     def run_keys(self) -> list[RunKey]:
         """Every run, task by task, algorithm by algorithm, seed by seed."""
@@ -607,7 +510,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
 def run_all(config: Config) -> None:
     """Train every run the CSV does not hold yet, one after the other."""
     keys = config.run_keys()
-    finished = drop_unfinished(config.csv_path, only=keys)
+    finished = config.store.drop_unfinished(run_key, only=keys)
     todo = [key for key in keys if key not in finished]
     print(f"{len(keys) - len(todo)} of {len(keys)} runs already in {config.csv_path}; {len(todo)} to go", flush=True)
     for number, key in enumerate(todo, 1):
@@ -619,43 +522,6 @@ def run_all(config: Config) -> None:
 # ----------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Curve:
-    """Evaluation points of one run, or the mean (and std) over seeds at the points they share."""
-
-    steps: np.ndarray
-    wall_s: np.ndarray
-    score: np.ndarray
-    score_std: np.ndarray
-
-
-def run_curve(rows: Sequence[Row]) -> Curve:
-    """One run's rows as a curve (zero spread)."""
-    rows = sorted(rows, key=lambda row: row["env_steps"])
-    score = np.array([row["score"] for row in rows], dtype=float)
-    return Curve(
-        np.array([row["env_steps"] for row in rows]), np.array([row["wall_s"] for row in rows]), score, np.zeros_like(score)
-    )
-
-
-def mean_curve(curves: Sequence[Curve]) -> Curve:
-    """Mean over runs of the score and the training seconds at the env steps every run evaluated at;
-    the std of the score across runs."""
-    shared = sorted(set.intersection(*(set(curve.steps.tolist()) for curve in curves)))
-    picked = [[int(np.flatnonzero(curve.steps == step)[0]) for step in shared] for curve in curves]
-    scores = np.array([curve.score[index] for curve, index in zip(curves, picked)])
-    walls = np.array([curve.wall_s[index] for curve, index in zip(curves, picked)])
-    return Curve(np.array(shared), walls.mean(axis=0), scores.mean(axis=0), scores.std(axis=0))
-
-
-def steps_to_threshold(curve: Curve, threshold: float = THRESHOLD) -> tuple[int, float] | None:
-    """Env steps and training seconds of the first evaluation at or above ``threshold``, or None."""
-    reached = np.flatnonzero(curve.score >= threshold)
-    if reached.size == 0:
-        return None
-    return int(curve.steps[reached[0]]), float(curve.wall_s[reached[0]])
-
-
 @dataclass(frozen=True)
 class Summary:
     """One (task, algorithm) over its finished seeds."""
@@ -684,7 +550,7 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
     for row in rows:
         if run_key(row) in wanted:
             runs.setdefault(run_key(row), []).append(row)
-    finished = finished_runs(rows)
+    finished = {run_key(row) for row in rows if row["final"]}
     summaries = []
     for task in config.tasks:
         for algo in (algo for algo in config.algos if algo in task.algos):
@@ -705,8 +571,8 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
                     n_seeds=len(curves),
                     final_mean=float(np.mean(finals)),
                     final_std=float(np.std(finals)),
-                    crossing=steps_to_threshold(mean),
-                    seeds_reaching=sum(steps_to_threshold(curve) is not None for curve in curves),
+                    crossing=mean.crossing(THRESHOLD),
+                    seeds_reaching=sum(curve.crossing(THRESHOLD) is not None for curve in curves),
                     curve=mean,
                     final_trials=final_trials,
                 )
@@ -721,33 +587,47 @@ def trials_table(summaries: Sequence[Summary]) -> str:
     if not with_trials:
         return ""
     n = max(len(s.final_trials) for s in with_trials)
-    lines = [
-        "| task | algorithm | seeds | " + " | ".join(f"trial {i + 1}" for i in range(n)) + " | last - first |",
-        "|---|---|---|" + "---|" * (n + 1),
-    ]
-    for s in with_trials:
-        trials = s.final_trials
-        values = " | ".join(f"{value:.2f}" for value in trials)
-        lines.append(f"| {s.task.name} | {s.label} | {s.n_seeds} | {values} | {trials[-1] - trials[0]:+.2f} |")
-    return "\n".join(lines)
-
-
-def markdown_table(summaries: Sequence[Summary]) -> str:
-    """One row per task and algorithm: final score, steps and seconds to :data:`THRESHOLD`."""
-    lines = [
+    header = ("task", "algorithm", "seeds", *(f"trial {i + 1}" for i in range(n)), "last - first")
+    rows = [
         (
-            f"| task | algorithm | seeds | final score (mean ± std) | env steps to {THRESHOLD} | training s to {THRESHOLD} "
-            f"| seeds reaching {THRESHOLD} |"
-        ),
-        "|---|---|---|---|---|---|---|",
+            s.task.name,
+            s.label,
+            s.n_seeds,
+            *(f"{value:.2f}" for value in s.final_trials),
+            f"{s.final_trials[-1] - s.final_trials[0]:+.2f}",
+        )
+        for s in with_trials
+        if s.final_trials is not None
     ]
+    return markdown_table(header, rows)
+
+
+def results_table(summaries: Sequence[Summary]) -> str:
+    """One row per task and algorithm: final score, steps and seconds to :data:`THRESHOLD`."""
+    header = (
+        "task",
+        "algorithm",
+        "seeds",
+        "final score (mean ± std)",
+        f"env steps to {THRESHOLD}",
+        f"training s to {THRESHOLD}",
+        f"seeds reaching {THRESHOLD}",
+    )
+    rows = []
     for s in summaries:
         steps, wall = (f"{s.crossing[0]:,}", f"{s.crossing[1]:,.0f}") if s.crossing else ("not reached", "not reached")
-        lines.append(
-            f"| {s.task.name} | {s.label} | {s.n_seeds} | {s.final_mean:.3f} ± {s.final_std:.3f} | {steps} | {wall} "
-            f"| {s.seeds_reaching}/{s.n_seeds} |"
+        rows.append(
+            (
+                s.task.name,
+                s.label,
+                s.n_seeds,
+                f"{s.final_mean:.3f} ± {s.final_std:.3f}",
+                steps,
+                wall,
+                f"{s.seeds_reaching}/{s.n_seeds}",
+            )
         )
-    return "\n".join(lines)
+    return markdown_table(header, rows)
 
 
 def memory_model(algo: str, settings: RunSettings) -> str:
@@ -781,28 +661,9 @@ def hyperparameter_sources(config: Config) -> dict[str, dict[str, dict[str, Any]
     return sources
 
 
-def plot_task(task: Task, summaries: Sequence[Summary], path: Path) -> None:
-    """Mean score over seeds against env steps, one line per algorithm, shaded +- one std."""
-    fig = Figure(figsize=(6, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    for s in summaries:
-        curve = s.curve
-        ax.plot(curve.steps, curve.score, label=f"{s.label} (n = {s.n_seeds})")
-        ax.fill_between(curve.steps, curve.score - curve.score_std, curve.score + curve.score_std, alpha=0.2)
-    ax.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=1)
-    ax.set_title(f"{task.name} ({task.env_id})")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel(task.score_name)
-    ax.set_ylim(-0.05, 1.05)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def write_report(config: Config) -> list[Summary]:
     """``<prefix>.md`` (table), ``<prefix>.json`` (config, figures with units, metadata) and one PNG per task."""
-    summaries = summarize(read_rows(config.csv_path), config)
+    summaries = summarize(config.store.read(), config)
     meta = run_metadata()
     sources = hyperparameter_sources(config)
     figures: dict[str, dict[str, Any]] = {}
@@ -838,12 +699,8 @@ def write_report(config: Config) -> list[Summary]:
         "device": config.device,
         "hyperparameters": sources,
     }
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    (config.out_dir / f"{config.prefix}.json").write_text(
-        json.dumps({"config": run_config, "figures": figures, **meta}, indent=2) + "\n"
-    )
-    source_lines = [
-        f"| {task} | {algo_sources[algo]['label']} | {algo_sources[algo]['memory']} | {algo_sources[algo]['source']} |"
+    source_rows = [
+        (task, algo_sources[algo]["label"], algo_sources[algo]["memory"], algo_sources[algo]["source"])
         for task, algo_sources in sources.items()
         for algo in algo_sources
     ]
@@ -864,20 +721,24 @@ def write_report(config: Config) -> list[Summary]:
             f"thread with other runs sharing the machine's cores, so seconds are upper bounds."
         ),
         "",
-        markdown_table(summaries),
+        results_table(summaries),
         "",
         *(["Return per trial at the final evaluation (mean over seeds):", "", per_trial, ""] if per_trial else []),
         "Hyperparameters (adapted to the budget as `benchmarks/learning.py` describes):",
         "",
-        "| task | algorithm | memory model | entry |",
-        "|---|---|---|---|",
-        *source_lines,
+        markdown_table(("task", "algorithm", "memory model", "entry"), source_rows),
     ]
-    (config.out_dir / f"{config.prefix}.md").write_text("\n".join(lines) + "\n")
+    curves.write_report(config.out_dir, config.prefix, {"config": run_config, "figures": figures, **meta}, lines)
     for task in config.tasks:
         task_summaries = [s for s in summaries if s.task == task]
         if task_summaries:
-            plot_task(task, task_summaries, config.out_dir / f"{config.prefix}_{task.name}.png")
+            plot_curves(
+                config.out_dir / f"{config.prefix}_{task.name}.png",
+                [(f"{s.label} (n = {s.n_seeds})", s.curve) for s in task_summaries],
+                title=f"{task.name} ({task.env_id})",
+                ylabel=task.score_name,
+                threshold=THRESHOLD,
+            )
     print(f"report: {config.out_dir / config.prefix}.md, .json and {len({s.task for s in summaries})} plots", flush=True)
     return summaries
 

@@ -15,27 +15,16 @@ and the report, ``swap_in.md`` / ``.json``, gives per seed the env steps and tra
 """
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch as th
 from common import add_learning_run_args, provenance, run_metadata
-from learning import (
-    EvalRecorder,
-    Evaluation,
-    RunKey,
-    Task,
-    algo_label,
-    append_row,
-    drop_unfinished,
-    evaluate_model,
-    make_envs,
-    read_rows,
-    run_settings,
-)
+from curves import EVAL_SEED_OFFSET, EvalRecorder, first_reach, markdown_table, per_seed, write_report
+from learning import RunKey, Task, algo_label, curve_store, evaluate_model, make_envs, run_key, run_settings
 
 from sb3_amago.zoo import HYPERPARAMS_FILE
 
@@ -53,7 +42,6 @@ TASKS = {
 }
 ALGOS = ("amago", "memoryless")
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 10_000
 
 
 def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> None:
@@ -62,12 +50,13 @@ def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> 
     env = make_envs(task, settings, settings.n_envs, key.seed, training=True)
     eval_env = make_envs(task, settings, 5, key.seed + EVAL_SEED_OFFSET, training=False)
     model = settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs)
+    store = curve_store(csv_path)
 
-    def evaluate() -> Evaluation:
-        return evaluate_model(model, eval_env, task, EVAL_EPISODES)
+    def evaluate() -> dict[str, Any]:
+        return evaluate_model(model, eval_env, task, EVAL_EPISODES)._asdict()
 
     def on_row(row: dict) -> None:
-        append_row(csv_path, row)
+        store.append(row)
         print(
             f"{key.task} {key.algo} seed {key.seed}: {row['env_steps']:>7,} steps  return {row['mean_return']:8.1f}  {row['wall_s']:6.0f} s",
             flush=True,
@@ -88,7 +77,7 @@ def summarize(rows: Sequence[dict]) -> dict[str, dict]:
         run = sorted(
             (r for r in rows if (r["task"], r["algo"], r["seed"]) == (task_name, algo, seed)), key=lambda r: r["env_steps"]
         )
-        hit = next((r for r in run if r["mean_return"] >= task.solved), None)
+        hit = first_reach(run, task.solved)
         entry = out.setdefault(f"{task_name} / {algo_label(algo, task)}", {"solved_return": task.solved, "seeds": []})
         entry["seeds"].append(
             {
@@ -104,8 +93,18 @@ def summarize(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def markdown(summary: dict[str, dict], meta: dict) -> str:
-    lines = [
+def markdown(summary: dict[str, dict], meta: dict) -> list[str]:
+    table = []
+    for name, entry in summary.items():
+        seeds = entry["seeds"]
+        reach = per_seed(
+            "-" if s["steps_to_solved"] is None else f"{s['steps_to_solved']:,} ({s['seconds_to_solved']:.0f})" for s in seeds
+        )
+        final = per_seed(
+            f"{s['final_return']:.1f}" + (f" (stopped at {s['final_steps']:,})" if s["stopped"] else "") for s in seeds
+        )
+        table.append((name, f"{entry['solved_return']:g}", reach, final, per_seed(f"{s['train_seconds']:.0f}" for s in seeds)))
+    return [
         "# Swap-in: AMAGO in place of DQN / SAC",
         "",
         provenance(meta, " per run"),
@@ -117,20 +116,8 @@ def markdown(summary: dict[str, dict], meta: dict) -> str:
             "[--tasks T --algos A --seeds S]`, several sharing the 2 cores (seconds are upper bounds)."
         ),
         "",
-        "| task / algorithm | solved at | steps (s) to solved | final return | training s |",
-        "|---|---|---|---|---|",
+        markdown_table(("task / algorithm", "solved at", "steps (s) to solved", "final return", "training s"), table),
     ]
-    for name, entry in summary.items():
-        seeds = entry["seeds"]
-        reach = " / ".join(
-            "-" if s["steps_to_solved"] is None else f"{s['steps_to_solved']:,} ({s['seconds_to_solved']:.0f})" for s in seeds
-        )
-        final = " / ".join(
-            f"{s['final_return']:.1f}" + (f" (stopped at {s['final_steps']:,})" if s["stopped"] else "") for s in seeds
-        )
-        secs = " / ".join(f"{s['train_seconds']:.0f}" for s in seeds)
-        lines.append(f"| {name} | {entry['solved_return']:g} | {reach} | {final} | {secs} |")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -148,16 +135,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         planned = [
             RunKey(name, algo, seed, TASKS[name].budget) for name in args.tasks for algo in args.algos for seed in args.seeds
         ]
-        finished = drop_unfinished(csv_path, only=planned)
+        finished = curve_store(csv_path).drop_unfinished(run_key, only=planned)
         for key in planned:
             if key not in finished:
                 train_run(key, args.eval_every, csv_path, args.conf_file)
-    summary = summarize(read_rows(csv_path))
+    summary = summarize(curve_store(csv_path).read())
     meta = run_metadata()
-    (args.out_dir / "swap_in.json").write_text(
-        json.dumps({"tasks": {k: vars(v) for k, v in TASKS.items()}, "results": summary, **meta}, indent=2) + "\n"
-    )
-    (args.out_dir / "swap_in.md").write_text(markdown(summary, meta))
+    payload = {"tasks": {k: vars(v) for k, v in TASKS.items()}, "results": summary, **meta}
+    write_report(args.out_dir, "swap_in", payload, markdown(summary, meta))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import time
 
 import torch as th
 from common import write_results
+from curves import first_reach
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
@@ -60,7 +61,7 @@ def main() -> None:
             }
         )
         print(curve[-1], flush=True)
-    solved = next((row for row in curve if row["eval_return"] >= 0.95), None)
+    solved = first_reach(curve, 0.95, column="eval_return")
     figures = {
         "env_steps_to_solve": {
             "value": solved["env_steps"] if solved else float("nan"),

@@ -4,7 +4,8 @@ Importing the package registers its gymnasium env ids (``amago-*``).
 """
 
 from sb3_amago import envs  # noqa: F401  (registers the amago-* env ids)
-from sb3_amago.amago import AMAGO, TrainingInterrupted
+from sb3_amago.amago import AMAGO
+from sb3_amago.interrupt import TrainingInterrupted
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.wrappers import PrevRewardWrapper
 

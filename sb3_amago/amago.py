@@ -3,15 +3,8 @@ whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / pred
 
 import contextlib
 import dataclasses
-import os
+import functools
 import pathlib
-import pickle
-import random
-import signal
-import threading
-import warnings
-import zipfile
-from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -20,24 +13,35 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.noise import ActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.save_util import load_from_pkl, load_from_zip_file
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.save_util import save_to_pkl
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_amago.buffers import REPLAY_FORMAT_VERSION, TrajectoryReplayBuffer
-from sb3_amago.distributed import DataParallel
-from sb3_amago.keys import PREV_REWARD_KEY
-from sb3_amago.loss import LossConfig, amago_loss, target_values
+from sb3_amago.arguments import (
+    DEFAULT_N_CRITICS,
+    check_arguments,
+    check_observation_space,
+    check_replay_sizes,
+    chosen_exploration,
+    critics_from_policy_kwargs,
+    warn_without_reward_input,
+)
+from sb3_amago.buffers import TrajectoryReplayBuffer
+from sb3_amago.checkpoint import check_model_file, read_replay, run_state, set_run_state, write_atomically
+from sb3_amago.distributed import DataParallel, SingleProcess
+from sb3_amago.exploration import Exploration, epsilon_schedule
+from sb3_amago.interrupt import sigterm_raises_interrupt
+from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
-from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, flat_dict_space, is_structured
+from sb3_amago.relabel import visible_space
+from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
-DEFAULT_N_CRITICS = 4
-SUPPORTED_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
 class AMAGO(OffPolicyAlgorithm):
@@ -54,14 +58,10 @@ class AMAGO(OffPolicyAlgorithm):
     :param multigammas: extra discount factors learned beside ``gamma``
     :param n_critics: critics in the ensemble (``policy_kwargs=dict(n_critics=...)``, as SAC and TQC
         take it, sets it too)
-    :param n_target_critics: critics drawn (with replacement) whose min forms the TD target
-    :param reward_multiplier: reward scale ``k`` in the TD target (10 by default; 100 for bounded sparse tasks)
-    :param critic_weight: weight of the critic loss
-    :param pg_weight: weight of the policy-gradient term
-    :param bc_weight: weight of the filtered behaviour-cloning term
-    :param filter_kind: "binary" or "exp"
-    :param filter_beta: temperature of the "exp" filter
-    :param filter_clip: upper clip of the "exp" filter's weights
+    :param n_target_critics: the loss settings ``n_target_critics``, ``reward_multiplier``,
+        ``critic_weight``, ``pg_weight``, ``bc_weight``, ``filter_kind``, ``filter_beta`` and
+        ``filter_clip``: see :class:`~sb3_amago.loss.LossConfig`, which documents them and holds their
+        defaults (the model keeps them as attributes, so ``load(..., reward_multiplier=...)`` changes them)
     :param max_grad_norm: gradient-norm clip
     :param warmup_steps: linear learning-rate warm-up (updates)
     :param epsilon_start: exploration at the start (epsilon-greedy / Gaussian noise std in [-1, 1] units)
@@ -69,6 +69,12 @@ class AMAGO(OffPolicyAlgorithm):
     :param exploration_steps: env steps over which epsilon is annealed linearly
     :param rollout_exploration_horizon: if set, the "bi-level" schedule: epsilon also decays within
         each rollout, linearly to 5% of its value at this time index
+    :param exploration: an :class:`~sb3_amago.exploration.Exploration` of your own, in place of the
+        epsilon schedule that the four arguments above build
+    :param action_noise: SB3's ``ActionNoise`` for Box actions, applied as TD3 applies it (added to the
+        policy's action in [-1, 1] units, then clipped), in place of the epsilon schedule: it becomes
+        ``exploration`` (an :class:`~sb3_amago.exploration.ActionNoiseExploration`), and SB3's own
+        ``action_noise`` attribute stays None so that SB3's loop does not add or reset it a second time
     :param relabeler: a :class:`sb3_amago.relabel.Relabeler` (hindsight instruction relabeling)
     :param mixed_precision: bf16 autocast in training
     :param compile_model: ``torch.compile`` the training forward of the sequence model
@@ -86,6 +92,7 @@ class AMAGO(OffPolicyAlgorithm):
     }
     policy: TransformerPolicy
     replay_buffer: TrajectoryReplayBuffer
+    exploration: Exploration
 
     def __init__(
         self,
@@ -105,20 +112,22 @@ class AMAGO(OffPolicyAlgorithm):
         max_seq_len: int = 64,
         multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
         n_critics: int = DEFAULT_N_CRITICS,
-        n_target_critics: int = 2,
-        reward_multiplier: float = 10.0,
-        critic_weight: float = 10.0,
-        pg_weight: float = 1.0,
-        bc_weight: float = 0.1,
-        filter_kind: str = "binary",
-        filter_beta: float = 1.0,
-        filter_clip: float = 100.0,
+        n_target_critics: int = LOSS_DEFAULTS.n_target_critics,
+        reward_multiplier: float = LOSS_DEFAULTS.reward_multiplier,
+        critic_weight: float = LOSS_DEFAULTS.critic_weight,
+        pg_weight: float = LOSS_DEFAULTS.pg_weight,
+        bc_weight: float = LOSS_DEFAULTS.bc_weight,
+        filter_kind: str = LOSS_DEFAULTS.filter_kind,
+        filter_beta: float = LOSS_DEFAULTS.filter_beta,
+        filter_clip: float = LOSS_DEFAULTS.filter_clip,
         max_grad_norm: float = 1.0,
         warmup_steps: int = 500,
         epsilon_start: float = 1.0,
         epsilon_end: float = 0.05,
         exploration_steps: int = 1_000_000,
         rollout_exploration_horizon: int | None = None,
+        exploration: Exploration | None = None,
+        action_noise: ActionNoise | None = None,
         relabeler: Any = None,
         mixed_precision: bool = False,
         compile_model: bool = False,
@@ -131,20 +140,12 @@ class AMAGO(OffPolicyAlgorithm):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ) -> None:
+        # Checked now, not at the first update; kept as attributes, read back by loss_config.
+        loss_settings = dataclasses.asdict(LossConfig.from_settings(locals()))
         if env is None and _init_setup_model:
             raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
         policy_kwargs, n_critics = critics_from_policy_kwargs(policy_kwargs, n_critics)
-        for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if env is not None and not isinstance(env, str):
-            check_observation_space(env.observation_space)  # before SB3 vectorises an env it cannot store
-        check_discounts(gamma, multigammas)
-        if not 0.0 <= float(tau) <= 1.0:
-            raise ValueError(
-                f"tau must lie in [0, 1] (the rate at which the target heads follow the online ones each update; "
-                f"AMAGO's default is 0.003), got {tau}."
-            )
+        check_arguments(env, batch_size, max_seq_len, n_critics, gamma, multigammas, tau)
         super().__init__(
             policy,
             env,  # type: ignore[arg-type]  # None only where SB3's load builds the model before setting its env
@@ -175,28 +176,21 @@ class AMAGO(OffPolicyAlgorithm):
         self.max_seq_len = int(max_seq_len)
         self.multigammas = tuple(float(g) for g in multigammas)
         self.n_critics = int(n_critics)
-        self.reward_multiplier = reward_multiplier
-        self.critic_weight = critic_weight
-        self.pg_weight = pg_weight
-        self.bc_weight = bc_weight
-        self.n_target_critics = n_target_critics
-        self.filter_kind = filter_kind
-        self.filter_beta = filter_beta
-        self.filter_clip = filter_clip
-        _ = self.loss_config  # building it validates the loss settings now, not at the first update
+        self.__dict__.update(loss_settings)
         self.max_grad_norm = max_grad_norm
         self.warmup_steps = warmup_steps
         self.epsilon_start = epsilon_start
         self.epsilon_end = epsilon_end
         self.exploration_steps = exploration_steps
         self.rollout_exploration_horizon = rollout_exploration_horizon
+        self.exploration = chosen_exploration(exploration, action_noise)  # type: ignore[assignment]  # None: built at setup
+        self._exploration_from_args = self.exploration is None
         self.relabeler = relabeler
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model
         self.distributed = distributed
-        self._dist: DataParallel | None = None
+        self._dist = SingleProcess(self.device)
         self._collect_state: AmagoState | None = None
-        self._explore_scale: np.ndarray | None = None
         if _init_setup_model:
             self._setup_model()
 
@@ -213,37 +207,29 @@ class AMAGO(OffPolicyAlgorithm):
     def loss_config(self) -> LossConfig:
         """The loss settings, read from the model's attributes (so ``load(..., reward_multiplier=...)``
         and RL Zoo's continued training change them like any other hyperparameter)."""
-        return LossConfig(
-            reward_multiplier=self.reward_multiplier,
-            critic_weight=self.critic_weight,
-            pg_weight=self.pg_weight,
-            bc_weight=self.bc_weight,
-            n_target_critics=self.n_target_critics,
-            filter_kind=self.filter_kind,
-            filter_beta=self.filter_beta,
-            filter_clip=self.filter_clip,
-        )
+        return LossConfig.from_settings(vars(self))
 
     @property
     def gammas(self) -> tuple[float, ...]:
         """All discount factors, the main one last."""
         return (*self.multigammas, float(self.gamma))
 
-    def _policy_observation_space(self) -> spaces.Space:
-        """The env's observation space without the keys the relabeler hides from the policy."""
-        hidden = tuple(getattr(self.relabeler, "hidden_keys", ()))
-        if not hidden:
-            return self.observation_space
-        assert isinstance(self.observation_space, spaces.Dict)
-        return spaces.Dict({k: v for k, v in self.observation_space.spaces.items() if k not in hidden})
-
     def _setup_model(self) -> None:
         check_observation_space(self.observation_space)
-        self._setup_data_parallel()
+        # With distributed: join the process group, take this rank's device, log on rank 0 only.
+        self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
+        self.device = self._dist.device
+        if not self._dist.is_main:
+            self.set_logger(Logger(folder=None, output_formats=[]))
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
         if self.relabeler is not None:
             self.relabeler.check(self.observation_space)
+        if self._exploration_from_args:  # built afresh, so that load(..., exploration_steps=...) changes it
+            self.exploration = epsilon_schedule(
+                self.epsilon_start, self.epsilon_end, self.exploration_steps, self.rollout_exploration_horizon
+            )
+        self.exploration.check(self.action_space)
         buffer_kwargs = {"max_seq_len": self.max_seq_len, **self.replay_buffer_kwargs}
         if self.relabeler is not None:
             buffer_kwargs["relabeler"] = self.relabeler
@@ -258,7 +244,7 @@ class AMAGO(OffPolicyAlgorithm):
             **buffer_kwargs,
         )
         self.policy = self.policy_class(  # type: ignore[assignment]
-            self._policy_observation_space(),
+            visible_space(self.observation_space, self.relabeler),
             self.action_space,
             self.lr_schedule,
             gammas=self.gammas,
@@ -268,37 +254,16 @@ class AMAGO(OffPolicyAlgorithm):
         ).to(self.device)
         self._encode = th.compile(self.policy.encode, dynamic=True) if self.compile_model else self.policy.encode
         self._convert_train_freq()
-        if self._dist is not None:
-            self._dist.attach(self.policy)
-            assert isinstance(self.train_freq, TrainFreq)
-            if self.train_freq.unit != TrainFrequencyUnit.STEP:
-                raise ValueError(
-                    f"distributed=True needs train_freq in steps, got {self.train_freq}: ranks collecting whole episodes "
-                    "would collect different numbers of steps and fall out of step. Use e.g. train_freq=(4, 'step')."
-                )
-            self._dist.check_same(
-                n_envs=self.n_envs,
-                train_freq=self.train_freq.frequency,
-                gradient_steps=self.gradient_steps,
-                learning_starts=self.learning_starts,
-            )
-
-    def _setup_data_parallel(self) -> None:
-        """With ``distributed``: join the process group, take this rank's device, and silence the
-        logger on ranks other than 0."""
-        self._dist = DataParallel(self.device) if self.distributed else None
-        if self._dist is None:
-            return
-        self.device = self._dist.device
-        if not self._dist.is_main:
-            self.set_logger(Logger(folder=None, output_formats=[]))
+        self._dist.attach(self.policy)
+        assert isinstance(self.train_freq, TrainFreq)
+        self._dist.check_collection(
+            self.train_freq, n_envs=self.n_envs, gradient_steps=self.gradient_steps, learning_starts=self.learning_starts
+        )
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's seeding; with ``distributed``, each rank uses its own seed (see
         :meth:`sb3_amago.distributed.DataParallel.rank_seed`)."""
-        if self._dist is not None:
-            seed = self._dist.rank_seed(seed, self.n_envs)
-        super().set_random_seed(seed)
+        super().set_random_seed(self._dist.rank_seed(seed, self.n_envs))
 
     # ----------------------------------------------------------------------------------------
     # Collection
@@ -314,26 +279,23 @@ class AMAGO(OffPolicyAlgorithm):
     ) -> SelfAMAGO:
         """SB3's learn; runs log to TensorBoard as ``AMAGO_<n>`` by default, as SAC's do as ``SAC_<n>``.
 
-        A ``KeyboardInterrupt``, or a SIGTERM (raised as :class:`TrainingInterrupted`, a
+        A ``KeyboardInterrupt``, or a SIGTERM (raised as :class:`~sb3_amago.interrupt.TrainingInterrupted`, a
         ``KeyboardInterrupt``, while the process has no SIGTERM handler of its own), stops training
         and propagates: files saved before it stay intact (saves are atomic), and the model in
         memory stays usable: ``predict``, ``save``, and ``learn`` again, which resets the envs
         and starts new rollouts (the replay closes the interrupted ones unfinished).
         """
-        with _sigterm_raises_interrupt():
+        with sigterm_raises_interrupt():
             try:
                 return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
             except KeyboardInterrupt:
-                self._abandon_rollouts()
+                # Forget the collection in progress (the interrupt may have come between an env step and its
+                # storage): the next learn resets the envs, and the replay's running rollouts end here.
+                self._last_obs = None
+                self._collect_state = None
+                if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
+                    self.replay_buffer.end_running_rollouts()
                 raise
-
-    def _abandon_rollouts(self) -> None:
-        """Forget the collection in progress (an interrupt may have come between an env step and
-        its storage): the next ``learn`` resets the envs, and the replay's running rollouts end here."""
-        self._last_obs = None
-        self._collect_state = None
-        if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
-            self.replay_buffer.end_running_rollouts()
 
     def _setup_learn(
         self,
@@ -347,32 +309,14 @@ class AMAGO(OffPolicyAlgorithm):
         total, callback = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
         if fresh_env or self._collect_state is None or self._collect_state.n_envs != self.n_envs:
             self._collect_state = self.policy.initial_state(self.n_envs)
-            self._explore_scale = np.random.uniform(0.0, 1.0, size=self.n_envs)
-        if (
-            self.verbose >= 1
-            and reset_num_timesteps
-            and not (isinstance(self.observation_space, spaces.Dict) and PREV_REWARD_KEY in self.observation_space.spaces)
-        ):
-            warnings.warn(
-                "The observations carry no 'prev_reward' key, so the policy does not see rewards in context. "
-                "Wrap the env with sb3_amago.PrevRewardWrapper for in-context RL (meta-RL, reward-dependent memory)."
-            )
+            self.exploration.reset(self.n_envs)
+        if self.verbose >= 1 and reset_num_timesteps:
+            warn_without_reward_input(self.observation_space)
         return total, callback
 
-    def epsilon(self) -> float:
-        """Exploration level of the global schedule at the current env step."""
-        progress = min(1.0, self.num_timesteps / max(1, self.exploration_steps))
-        return self.epsilon_start + progress * (self.epsilon_end - self.epsilon_start)
-
-    def _explore(self, action: th.Tensor, state: AmagoState) -> th.Tensor:
-        """Epsilon-greedy (Discrete / MultiDiscrete, per sub-action) or Gaussian noise (Box) on
-        buffer-representation actions ``(N, d)``; epsilon per env = schedule x U(0, 1) multiplier."""
-        assert self._explore_scale is not None
-        eps = self.epsilon() * th.as_tensor(self._explore_scale, dtype=action.dtype, device=action.device)  # (N,)
-        if self.rollout_exploration_horizon:
-            t = state.time_idx.to(action.dtype) / self.rollout_exploration_horizon
-            eps = eps * (1.0 - 0.95 * t.clamp(max=1.0))
-        return self.policy.action_type.explore(action, eps.unsqueeze(-1))
+    def epsilon(self) -> float | None:
+        """The exploration level at the current env step (None for an exploration without one)."""
+        return self.exploration.epsilon(self.num_timesteps)
 
     def _sample_action(self, learning_starts: int, action_noise: Any = None, n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Step every env's context with the new observation, then act: uniformly at random before
@@ -384,15 +328,12 @@ class AMAGO(OffPolicyAlgorithm):
             actor_out, state = policy.observe(obs, self._collect_state)
             if self.num_timesteps < learning_starts:
                 env_action = np.array([self.action_space.sample() for _ in range(n_envs)])
-                buffer_action = self._to_buffer_action(env_action)
+                buffer_action = th.as_tensor(policy.action_type.to_buffer(env_action), device=self.device)
             else:
-                buffer_action = self._explore(policy.select_action(actor_out, deterministic=False), state)
+                action = policy.select_action(actor_out, deterministic=False)
+                buffer_action = self.exploration.explore(action, state.time_idx, self.num_timesteps, policy.action_type)
             self._collect_state = policy.commit_action(state, buffer_action)
         return policy.to_env_action(buffer_action), buffer_action.cpu().numpy()
-
-    def _to_buffer_action(self, env_action: np.ndarray) -> th.Tensor:
-        """Env-format actions -> the buffer representation ``(N, d)`` float tensor."""
-        return th.as_tensor(self.policy.action_type.to_buffer(env_action), device=self.device)
 
     def _store_transition(
         self,
@@ -403,35 +344,22 @@ class AMAGO(OffPolicyAlgorithm):
         dones: np.ndarray,
         infos: list[dict[str, Any]],
     ) -> None:
-        if not np.all(np.isfinite(reward)):
-            raise ValueError(
-                f"The env returned a NaN or infinite reward ({reward}). Fix the env's reward, or wrap it with "
-                "stable_baselines3.common.vec_env.VecCheckNan to find the step."
-            )
         super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
         if np.any(dones):
-            assert self._collect_state is not None and self._explore_scale is not None
+            assert self._collect_state is not None
             self._collect_state = self.policy.reset_state(self._collect_state, dones)
-            self._explore_scale[dones] = np.random.uniform(0.0, 1.0, size=int(np.sum(dones)))
+            self.exploration.end_rollouts(dones)
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         """SB3's callback setup; with ``distributed``, callbacks and the progress bar run on rank 0 only."""
-        if self._dist is not None and not self._dist.is_main:
+        if not self._dist.is_main:
             callback, progress_bar = None, False
         return super()._init_callback(callback, progress_bar)
 
     def collect_rollouts(self, *args: Any, **kwargs: Any) -> RolloutReturn:
         """SB3's collection round; with ``distributed``, every rank then learns whether another
         rank's collection failed (and raises) or its callbacks asked to stop (and stops too)."""
-        if self._dist is None:
-            return super().collect_rollouts(*args, **kwargs)
-        try:
-            rollout = super().collect_rollouts(*args, **kwargs)
-        except Exception:
-            self._dist.end_round(failed=True)
-            raise
-        stop = self._dist.end_round(stop=not rollout.continue_training)
-        return rollout._replace(continue_training=not stop)
+        return self._dist.collection_round(functools.partial(super().collect_rollouts, *args, **kwargs))
 
     # ----------------------------------------------------------------------------------------
     # Training
@@ -458,8 +386,7 @@ class AMAGO(OffPolicyAlgorithm):
                 loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if self._dist is not None:
-                self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
+            self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             optimizer.step()
             self.policy.update_targets(self.tau)
@@ -472,80 +399,40 @@ class AMAGO(OffPolicyAlgorithm):
         record = self.logger.record
         record("train/n_updates", self._n_updates, exclude="tensorboard")
         record("train/learning_rate", lr)
-        for key in ("critic_loss", "actor_loss", "bc_loss", "filter_pass_rate", "entropy", "grad_norm"):
-            record(f"train/{key}", stats[key].item())
         popart = self.policy.popart
-        for i, g in enumerate(self.gammas):
-            record(f"train/q_mean_gamma_{g:g}", stats["q_mean"][i].item())
-            record(f"train/popart_mu_gamma_{g:g}", popart.mu[i].item())
-            record(f"train/popart_sigma_gamma_{g:g}", popart.sigma[i].item())
+        for key, value in {**stats, "popart_mu": popart.mu, "popart_sigma": popart.sigma}.items():
+            if value.ndim == 0:
+                record(f"train/{key}", value.item())
+            else:  # one value per discount factor
+                for g, per_gamma in zip(self.gammas, value.tolist()):
+                    record(f"train/{key}_gamma_{g:g}", per_gamma)
         record("replay/bytes", self.replay_buffer.nbytes())
-        record("rollout/exploration_epsilon", self.epsilon())
+        epsilon = self.epsilon()
+        if epsilon is not None:
+            record("rollout/exploration_epsilon", epsilon)
 
     # ----------------------------------------------------------------------------------------
     # Save / load
     # ----------------------------------------------------------------------------------------
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_collect_state", "_explore_scale", "_encode", "distributed", "_dist"]
+        # An exploration built from the model's arguments is built again at load, from the loaded arguments.
+        rebuilt = ["exploration"] if self._exploration_from_args else []
+        return [*super()._excluded_save_params(), *rebuilt, "_collect_state", "_encode", "distributed", "_dist"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
         return ["policy", "policy.optimizer"], []
 
-    def run_state(self) -> dict[str, Any]:
-        """What continuing a run exactly needs beyond the weights, the optimizer and what SB3 keeps
-        in the model file itself (``num_timesteps``, ``_n_updates``, ``_last_obs``), as CPU copies:
-
-        - ``"context"``: the per-env collection context (:class:`AmagoState`: sequence-model cache,
-          previous actions ``(N, action_dim)``, time indices ``(N,)``), or None before the first ``learn``
-        - ``"explore_scale"``: the per-env exploration multipliers ``(N,)``, or None
-        - ``"rng"``: the states of torch's (and CUDA's), numpy's and python's global RNGs and of
-          the action space's RNG (random actions before ``learning_starts``)
-        """
-        rng = {
-            "torch": th.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "action_space": self.action_space.np_random.bit_generator.state,
-        }
-        if th.cuda.is_available():
-            rng["cuda"] = th.cuda.get_rng_state_all()
-        return {
-            "context": _map_tensors(self._collect_state, lambda t: t.detach().cpu().clone()),
-            "explore_scale": None if self._explore_scale is None else self._explore_scale.copy(),
-            "rng": rng,
-        }
-
-    def set_run_state(self, state: dict[str, Any]) -> None:
-        """Put back what :meth:`run_state` returned: the context on the model's device, the RNG states."""
-        self._collect_state = _map_tensors(state["context"], lambda t: t.to(self.device))
-        self._explore_scale = None if state["explore_scale"] is None else state["explore_scale"].copy()
-        rng = state["rng"]
-        th.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        self.action_space.np_random.bit_generator.state = rng["action_space"]
-        if "cuda" in rng and th.cuda.is_available() and len(rng["cuda"]) == th.cuda.device_count():
-            th.cuda.set_rng_state_all(rng["cuda"])
-
     def save(self, path: str | pathlib.Path | Any, exclude: Any = None, include: Any = None) -> None:
-        """SB3's save, plus the optimizer state and :meth:`run_state` (in the file's data, where SB3
-        keeps ``_last_obs``, which the collection context must match), so that :meth:`load`
-        resumes the run exactly. Written to a temporary file first and moved into place, so an
-        error while saving never leaves a half-written file over an earlier save. With
-        ``distributed``, only rank 0 writes (every rank holds the same weights)."""
-        if self._dist is not None and not self._dist.is_main:
+        """SB3's save, plus the optimizer state and the run state (:func:`sb3_amago.checkpoint.run_state`),
+        so that :meth:`load` resumes the run exactly. Written to a temporary file first and moved
+        into place, so an error while saving never leaves a half-written file over an earlier save.
+        With ``distributed``, only rank 0 writes (every rank holds the same weights)."""
+        if not self._dist.is_main:
             return
-        self._run_state = self.run_state()
+        self._run_state = run_state(self)
         try:
-            if not isinstance(path, (str, pathlib.Path)):
-                super().save(path, exclude, include)
-                return
-            target = pathlib.Path(path)
-            if target.suffix == "":
-                target = target.with_suffix(".zip")
-            with _atomic_target(target) as tmp:
-                super().save(tmp, exclude, include)
+            write_atomically(path, ".zip", functools.partial(super().save, exclude=exclude, include=include))
         finally:
             del self._run_state
 
@@ -553,14 +440,7 @@ class AMAGO(OffPolicyAlgorithm):
         """SB3's save_replay_buffer (a pickle, ``.pkl`` added to a path without suffix), written to a
         temporary file and moved into place: a save interrupted half-way (KeyboardInterrupt, full
         disk) never replaces an earlier good file."""
-        if not isinstance(path, (str, pathlib.Path)):
-            super().save_replay_buffer(path)
-            return
-        target = pathlib.Path(path)
-        if target.suffix == "":
-            target = target.with_suffix(".pkl")
-        with _atomic_target(target) as tmp, open(tmp, "wb") as file:
-            pickle.dump(self.replay_buffer, file, protocol=pickle.HIGHEST_PROTOCOL)
+        write_atomically(path, ".pkl", functools.partial(save_to_pkl, obj=self.replay_buffer, verbose=self.verbose))
 
     def load_replay_buffer(self, path: str | pathlib.Path | Any, truncate_last_traj: bool = True) -> None:
         """SB3's load_replay_buffer, checked before it replaces the model's replay: a file that is
@@ -571,43 +451,10 @@ class AMAGO(OffPolicyAlgorithm):
         :param truncate_last_traj: SB3's argument for HER buffers; unused (a resumed run continues
             the stored rollouts, a fresh env closes them, see the README's "Resuming a run")
         """
-        try:
-            buffer = load_from_pkl(path, self.verbose)
-        except FileNotFoundError:
-            raise
-        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{path} is not a readable replay file ({type(exc).__name__}: {exc}); it may be truncated or corrupted. "
-                "The model keeps its replay."
-            ) from exc
-        self._check_loaded_replay(buffer, path)
+        buffer = read_replay(path, self.observation_space, self.action_space, self.n_envs, self.verbose)
         buffer.device = self.device
         buffer.max_seq_len = self.max_seq_len  # windows are cut when sampled: the model's length applies
         self.replay_buffer = buffer
-
-    def _check_loaded_replay(self, buffer: Any, path: Any) -> None:
-        """Raise a ValueError naming the mismatch unless ``buffer`` fits this model."""
-        if not isinstance(buffer, TrajectoryReplayBuffer):
-            raise ValueError(
-                f"{path} holds a {type(buffer).__name__}, not an AMAGO TrajectoryReplayBuffer: "
-                "load a replay saved by AMAGO.save_replay_buffer."
-            )
-        version = getattr(buffer, "format_version", None)
-        if version != REPLAY_FORMAT_VERSION:
-            raise ValueError(
-                f"{path} holds a replay in format version {version}, but this sb3-amago reads version "
-                f"{REPLAY_FORMAT_VERSION}: load it with the sb3-amago version that saved it, or collect a new replay."
-            )
-        for name, saved, ours in (
-            ("observation space", buffer.observation_space, self.observation_space),
-            ("action space", buffer.action_space, self.action_space),
-            ("number of envs", buffer.n_envs, self.n_envs),
-        ):
-            if saved != ours:
-                raise ValueError(
-                    f"{path} holds a replay for {name} {saved}, but this model has {ours}: load it into a model "
-                    "built for the same env (and number of envs)."
-                )
 
     @classmethod
     def load(
@@ -620,25 +467,8 @@ class AMAGO(OffPolicyAlgorithm):
         force_reset: bool = True,
         **kwargs: Any,
     ) -> SelfAMAGO:
-        """SB3's load, with clear errors for files that are not AMAGO models."""
-        try:
-            data, params, _ = load_from_zip_file(path, device="cpu", load_data=True, custom_objects=custom_objects)
-        except (zipfile.BadZipFile, EOFError, KeyError, RuntimeError, ValueError) as exc:
-            raise ValueError(f"{path} is not a readable SB3 model file ({exc}); it may be corrupted or truncated.") from exc
-        if data is None or "policy_class" not in data:
-            raise ValueError(f"{path} holds no model data: was it saved with AMAGO.save()?")
-        policy_class = data["policy_class"]
-        if not (isinstance(policy_class, type) and issubclass(policy_class, TransformerPolicy)):
-            name = getattr(policy_class, "__qualname__", policy_class)
-            raise ValueError(
-                f"{path} was saved by another algorithm (policy class {name}); load it with that algorithm's load()."
-            )
-        if "policy.optimizer" not in (params or {}):
-            raise ValueError(
-                f"{path} was saved by an earlier sb3-amago that did not store the optimizer, so it cannot resume a run. "
-                "To keep its weights, build the model as it was and load them: "
-                "AMAGO(...same arguments...).set_parameters(path, exact_match=False)."
-            )
+        """SB3's load, with clear errors for files that are not AMAGO models, and the run state put back."""
+        check_model_file(path, custom_objects)
         model = super().load(
             path,
             env=env,
@@ -648,127 +478,9 @@ class AMAGO(OffPolicyAlgorithm):
             force_reset=force_reset,
             **kwargs,
         )
-        run_state = model.__dict__.pop("_run_state", None)
-        if run_state is not None:
-            model.set_run_state(run_state)  # after SB3's load, which reseeds the RNGs while building the model
-        if model._dist is not None:
+        saved = model.__dict__.pop("_run_state", None)
+        if saved is not None:
+            set_run_state(model, saved)  # after SB3's load, which reseeds the RNGs while building the model
+        if model._dist.per_rank_rng:
             model.set_random_seed(model.seed)  # the file's RNG states are rank 0's: each rank takes its own again
         return model
-
-
-def _map_tensors(value: Any, fn: Callable[[th.Tensor], th.Tensor]) -> Any:
-    """``value`` with ``fn`` applied to every tensor inside its dataclasses, tuples, lists and dicts."""
-    if isinstance(value, th.Tensor):
-        return fn(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **fields)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_map_tensors(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
-    return value
-
-
-@contextlib.contextmanager
-def _atomic_target(target: pathlib.Path) -> Iterator[pathlib.Path]:
-    """A temporary path beside ``target`` to write to; moved onto ``target`` only if the block
-    completes, removed in every case (an interrupted write never replaces a good file)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{target.suffix}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as written:
-            os.fsync(written.fileno())  # on disk before the rename, so a crash cannot leave an empty file
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGTERM arrived during ``AMAGO.learn`` (a job scheduler stopping the run, ``kill``): raised in
-    its place so the run unwinds as on Ctrl-C and the script can save before it exits."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`TrainingInterrupted` in the main thread, unless the
-    process already handles SIGTERM itself (its handler is then left alone); restored afterwards."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise TrainingInterrupted(f"Signal {signal.Signals(signum).name} received during learn.")
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:
-    """``policy_kwargs`` without ``n_critics``, and the number of critics: the one in ``policy_kwargs``
-    (where SAC / TQC users put it) if given, else AMAGO's ``n_critics`` argument.
-
-    :raises ValueError: if both are given, differently (``n_critics`` other than its default 4)
-    """
-    if not policy_kwargs or "n_critics" not in policy_kwargs:
-        return policy_kwargs, n_critics
-    rest = {key: value for key, value in policy_kwargs.items() if key != "n_critics"}
-    in_kwargs = policy_kwargs["n_critics"]
-    if n_critics != DEFAULT_N_CRITICS and n_critics != in_kwargs:
-        raise ValueError(
-            f"n_critics={n_critics} and policy_kwargs n_critics={in_kwargs} disagree: give the number of critics once, "
-            "either as AMAGO's n_critics argument or in policy_kwargs."
-        )
-    return rest, in_kwargs
-
-
-def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
-    """Raise a ValueError naming the argument unless every discount factor lies in [0, 1)."""
-    for name, values in (("gamma", (gamma,)), ("multigammas", tuple(multigammas))):
-        bad = [g for g in values if not 0.0 <= float(g) < 1.0]
-        if bad:
-            raise ValueError(
-                f"{name} holds {bad}: every discount factor must lie in [0, 1) (a critic with gamma >= 1 has no "
-                f"finite value). Use values such as 0.99 or 0.999."
-            )
-
-
-def check_replay_sizes(
-    buffer_size: int, batch_size: int, learning_starts: int, train_freq: int | tuple[int, str], max_seq_len: int, n_envs: int
-) -> None:
-    """Raise a ValueError naming the argument and the fix if the replay cannot hold one training
-    window per env column, or holds fewer transitions at the first update than a batch has windows."""
-    per_env = buffer_size // n_envs
-    if per_env < max_seq_len + 1:
-        raise ValueError(
-            f"buffer_size={buffer_size} holds {per_env} steps per env ({n_envs} envs), less than one training window "
-            f"(max_seq_len + 1 = {max_seq_len + 1} steps): raise buffer_size to at least {(max_seq_len + 1) * n_envs} "
-            "or lower max_seq_len."
-        )
-    frequency, unit = (train_freq, "step") if isinstance(train_freq, int) else train_freq
-    steps_per_round = int(frequency) * n_envs if getattr(unit, "value", unit) == "step" else 1
-    # SB3 trains once num_timesteps > learning_starts, after whole rounds of train_freq steps of every env.
-    first_update = -(-(learning_starts + 1) // steps_per_round) * steps_per_round
-    held = min(first_update, buffer_size)
-    if batch_size > held:
-        raise ValueError(
-            f"batch_size={batch_size} windows is more than the {held} transitions the replay holds at the first update "
-            f"(learning_starts={learning_starts}, buffer_size={buffer_size}): raise learning_starts to at least "
-            f"{batch_size} or lower batch_size."
-        )
-
-
-def check_observation_space(space: spaces.Space) -> None:
-    """Raise a clear error for observation spaces AMAGO cannot embed (Tuple and Dict spaces, nested
-    or not, are checked part by part)."""
-    for key, sub in flat_dict_space(space).spaces.items():
-        if not isinstance(sub, SUPPORTED_OBS_SPACES):
-            raise ValueError(
-                f"Observation '{key}' has space {sub}, which AMAGO cannot embed. Supported: Box, Discrete, "
-                "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
-                "this part into one of them (or drop it)."
-            )

@@ -1,8 +1,12 @@
-"""Trajectory replay: whole rollouts stored as they come, sampled as windows for one sequence model."""
+"""Trajectory replay: whole rollouts stored as they come, sampled as windows for one sequence model.
+
+The replay's parts: :mod:`sb3_amago.validation` checks each step before it is stored,
+:mod:`sb3_amago.rollout_index` keeps where the rollouts lie, and :mod:`sb3_amago.relabel_windows`
+hands sampled rollouts to a relabeler.
+"""
 
 import warnings
-from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import numpy as np
 import torch as th
@@ -12,8 +16,11 @@ from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_amago.keys import OBS_KEY
-from sb3_amago.relabel import Relabeler, Rollout
-from sb3_amago.type_aliases import TrajectoryBatch
+from sb3_amago.relabel import Relabeler
+from sb3_amago.relabel_windows import relabeled_windows
+from sb3_amago.rollout_index import RolloutIndex, Spans
+from sb3_amago.type_aliases import ReplayStore, TrajectoryBatch, Windows
+from sb3_amago.validation import StepLayout
 from sb3_amago.wrappers import is_structured
 
 try:
@@ -22,58 +29,11 @@ except ImportError:  # pragma: no cover
     psutil = None
 
 # Version of the pickled layout (attributes and array meanings); a saved buffer records it and
-# AMAGO.load_replay_buffer refuses files of another version. Raise it when the layout changes.
-REPLAY_FORMAT_VERSION = 1
-
-
-def _check_discrete(name: str, value: np.ndarray, low: np.ndarray | int, high: np.ndarray | int) -> None:
-    """Raise a ValueError unless ``value`` ``(n_envs, ...)`` holds integers in ``[low, high)`` (bounds per element)."""
-    flat = value.reshape(len(value), -1)
-    low, high = np.reshape(low, -1), np.reshape(high, -1)
-    if np.issubdtype(flat.dtype, np.floating) and not np.array_equal(flat, np.round(flat)):
-        raise ValueError(f"{name} holds non-integer values for a discrete space")
-    if np.any(flat < low) or np.any(flat >= high):
-        raise ValueError(f"{name} holds values outside the space's range [{low}, {high})")
-
-
-def _check_values(name: str, value: np.ndarray, space: spaces.Space) -> None:
-    """Raise a ValueError if ``value`` ``(n_envs, *shape)`` holds values the space cannot (or NaN / inf)."""
-    if isinstance(space, spaces.Discrete):
-        _check_discrete(name, value, int(space.start), int(space.start + space.n))
-    elif isinstance(space, spaces.MultiDiscrete):
-        _check_discrete(name, value, space.start, space.start + space.nvec)
-    elif isinstance(space, spaces.MultiBinary):
-        _check_discrete(name, value, 0, 2)
-    elif np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
-        raise ValueError(
-            f"{name} holds NaN or infinite values: fix the env, or wrap it with "
-            "stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
-        )
-
-
-class _Store(NamedTuple):
-    """The storage arrays once allocated, each ``(buffer_size, n_envs, ...)``."""
-
-    obs: dict[str, np.ndarray]
-    actions: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray
-    timeouts: np.ndarray
-    time_steps: np.ndarray
-
-
-@dataclass
-class _Windows:
-    """A batch of windows in numpy, the fields and shapes of :class:`TrajectoryBatch`."""
-
-    observations: dict[str, np.ndarray]
-    actions: np.ndarray
-    prev_actions: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    time_idx: np.ndarray
-    real: np.ndarray
+# AMAGO.load_replay_buffer refuses files of another version. Raise it when the layout changes, and
+# upgrade the earlier layouts in TrajectoryReplayBuffer.__setstate__ where the data allows it.
+# Version 2: the rollout bookkeeping in a RolloutIndex, the step shapes in a StepLayout (version 1
+# kept both as attributes of the buffer, and is upgraded when unpickled).
+REPLAY_FORMAT_VERSION = 2
 
 
 class TrajectoryReplayBuffer(ReplayBuffer):
@@ -156,11 +116,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.max_seq_len = int(max_seq_len)
         self.sample_by_length = sample_by_length
         self.relabeler = relabeler
-        self._obs_spaces: dict[str, spaces.Space] = (
-            dict(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else {OBS_KEY: observation_space}
-        )
-        shapes = get_obs_shape(observation_space)
-        self._obs_shapes: dict[str, tuple[int, ...]] = shapes if isinstance(shapes, dict) else {OBS_KEY: shapes}
+        self.layout = step_layout(observation_space, action_space, self.action_dim, n_envs, handle_timeout_termination)
         self._action_dtype = self._maybe_cast_dtype(action_space.dtype)
         hidden: tuple[str, ...] = ()
         if relabeler is not None:
@@ -169,6 +125,12 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.hidden_keys = hidden
         self.format_version = REPLAY_FORMAT_VERSION
         self.reset()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle, upgrading the layout of format version 1 (see :data:`REPLAY_FORMAT_VERSION`)."""
+        if state.get("format_version") == 1:
+            state = upgraded_from_version_1(state)
+        self.__dict__.update(state)
 
     # ------------------------------------------------------------------ storage
 
@@ -179,6 +141,11 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             return self._obs
         return self._obs[OBS_KEY]
 
+    @property
+    def obs_keys(self) -> list[str]:
+        """The observation keys, in the space's order (:data:`~sb3_amago.keys.OBS_KEY` for a non-Dict space)."""
+        return list(self.layout.obs_spaces)
+
     def reset(self) -> None:
         """Drop every rollout and free the storage."""
         # Allocated at the first add (SB3's buffers declare them as arrays from the start).
@@ -188,21 +155,15 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.dones: np.ndarray | None = None  # type: ignore[assignment]
         self.timeouts: np.ndarray | None = None  # type: ignore[assignment]
         self.time_steps: np.ndarray | None = None
-        # Per env column: absolute index (counting every row ever written) of its newest row,
-        # the time index of the observation there, and the table entry of its running rollout.
-        self._head = np.full(self.n_envs, -1, dtype=np.int64)
-        self._time = np.zeros(self.n_envs, dtype=np.int64)
-        self._running = np.full(self.n_envs, -1, dtype=np.int64)
-        # Rollout table: column, absolute first row, absolute end row (exclusive).
-        self._table = np.zeros((0, 3), dtype=np.int64)
-        self._n_table = 0
+        self.index = RolloutIndex(self.n_envs, self.buffer_size)
         # Per env column (SB3's buffers keep one int and one bool for all columns).
         self.pos = np.zeros(self.n_envs, dtype=np.int64)  # type: ignore[assignment]
         self.full = np.zeros(self.n_envs, dtype=bool)  # type: ignore[assignment]
 
     def _allocate(self) -> None:
         rows = (self.buffer_size, self.n_envs)
-        self._obs = {key: np.zeros(rows + self._obs_shapes[key], dtype=space.dtype) for key, space in self._obs_spaces.items()}
+        shapes = self.layout.obs_shapes
+        self._obs = {key: np.zeros(rows + shapes[key], dtype=space.dtype) for key, space in self.layout.obs_spaces.items()}
         self.actions = np.zeros((*rows, self.action_dim), dtype=self._action_dtype)
         self.rewards = np.zeros(rows, dtype=np.float32)
         self.dones = np.zeros(rows, dtype=bool)
@@ -214,79 +175,21 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 f"{psutil.virtual_memory().available / 1e9:.2f} GB of memory available"
             )
 
-    def _store(self) -> _Store:
+    def store(self) -> ReplayStore:
         """The storage arrays, allocated at the first add (a RuntimeError before it)."""
         if self._obs is None or self.actions is None or self.rewards is None:
             raise RuntimeError("The replay buffer holds no steps yet: add steps first.")
         assert self.dones is not None and self.timeouts is not None and self.time_steps is not None
-        return _Store(self._obs, self.actions, self.rewards, self.dones, self.timeouts, self.time_steps)
+        return ReplayStore(self._obs, self.actions, self.rewards, self.dones, self.timeouts, self.time_steps)
 
     def nbytes(self) -> int:
         """Bytes held by the storage and the rollout table (0 before the first add)."""
-        arrays = [self.actions, self.rewards, self.dones, self.timeouts, self.time_steps, self._table]
+        arrays = [self.actions, self.rewards, self.dones, self.timeouts, self.time_steps, self.index.table]
         if self._obs is not None:
             arrays += list(self._obs.values())
         return int(sum(array.nbytes for array in arrays if array is not None))
 
     # ------------------------------------------------------------------ adding
-
-    def _validated_obs(self, name: str, obs: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``obs`` key by key as ``(n_envs, *shape)`` arrays, or a ValueError naming what is wrong."""
-        if isinstance(self.observation_space, spaces.Dict):
-            if not isinstance(obs, dict):
-                raise ValueError(f"{name} must be a dict for a Dict observation space, got {type(obs).__name__}")
-            missing = [key for key in self._obs_spaces if key not in obs]
-            if missing:
-                raise ValueError(f"{name} lacks the keys {missing}")
-            items = {key: obs[key] for key in self._obs_spaces}
-        else:
-            items = {OBS_KEY: np.asarray(obs)}
-        validated = {}
-        for key, value in items.items():
-            label = name if key == OBS_KEY and len(items) == 1 else f"{name}['{key}']"
-            value = np.asarray(value)
-            shape = (self.n_envs, *self._obs_shapes[key])
-            if isinstance(self._obs_spaces[key], spaces.Discrete) and value.size == self.n_envs:
-                value = value.reshape(shape)
-            if value.shape != shape:
-                raise ValueError(f"{label} has shape {value.shape}, expected {shape}")
-            _check_values(label, value, self._obs_spaces[key])
-            validated[key] = value
-        return validated
-
-    def _validated(
-        self,
-        obs: np.ndarray | dict[str, np.ndarray],
-        next_obs: np.ndarray | dict[str, np.ndarray],
-        action: np.ndarray,
-        reward: np.ndarray,
-        done: np.ndarray,
-        infos: list[dict[str, Any]],
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        obs_ = self._validated_obs("obs", obs)
-        next_obs_ = self._validated_obs("next_obs", next_obs)
-        action = np.asarray(action)
-        if action.size != self.n_envs * self.action_dim:
-            raise ValueError(f"action has shape {action.shape}, expected ({self.n_envs}, {self.action_dim})")
-        action = action.reshape(self.n_envs, self.action_dim)
-        if isinstance(self.action_space, spaces.Box) and not np.isfinite(action).all():
-            raise ValueError("action holds NaN or inf")
-        _check_values("action", action, self.action_space)
-        reward = np.asarray(reward, dtype=np.float32)
-        if reward.size != self.n_envs:
-            raise ValueError(f"reward has shape {reward.shape}, expected ({self.n_envs},)")
-        if not np.isfinite(reward).all():
-            raise ValueError("reward holds NaN or inf")
-        done = np.asarray(done)
-        if done.size != self.n_envs:
-            raise ValueError(f"done has shape {done.shape}, expected ({self.n_envs},)")
-        if len(infos) != self.n_envs:
-            raise ValueError(f"infos has {len(infos)} entries, expected {self.n_envs}")
-        done = done.reshape(self.n_envs).astype(bool)
-        timeout = np.zeros(self.n_envs, dtype=bool)
-        if self.handle_timeout_termination:
-            timeout = done & np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
-        return obs_, next_obs_, action, reward.reshape(self.n_envs), done, timeout
 
     def add(
         self,
@@ -308,122 +211,64 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         :raises ValueError: on input not matching the spaces, NaN / inf observations or rewards;
             the stored content is then unchanged
         """
-        obs_, next_obs_, action, reward, done, timeout = self._validated(obs, next_obs, action, reward, done, infos)
+        step = self.layout.validate(obs, next_obs, action, reward, done, infos)
         if self._obs is None:
             self._allocate()
-        store = self._store()
+        store = self.store()
         envs = np.arange(self.n_envs)
-        self._close_broken_streams(obs_)
-        starting = self._running < 0
-        rows = np.where(starting, self._head + 1, self._head)
-        self._time[starting] = 0
-        for env in np.flatnonzero(starting):
-            self._running[env] = self._new_rollout(int(env), int(rows[env]))
+        self._close_broken_streams(step.obs)
+        rows, time = self.index.step(step.done)
         here, after = rows % self.buffer_size, (rows + 1) % self.buffer_size
         for key, array in store.obs.items():
-            array[here, envs] = obs_[key]
-            array[after, envs] = next_obs_[key]
-        store.actions[here, envs] = action
-        store.rewards[here, envs] = reward
-        store.dones[here, envs] = done
-        store.timeouts[here, envs] = timeout
-        store.time_steps[here, envs] = self._time
+            array[here, envs] = step.obs[key]
+            array[after, envs] = step.next_obs[key]
+        store.actions[here, envs] = step.action
+        store.rewards[here, envs] = step.reward
+        store.dones[here, envs] = step.done
+        store.timeouts[here, envs] = step.timeout
+        store.time_steps[here, envs] = time
         store.actions[after, envs] = 0
         store.rewards[after, envs] = 0.0
         store.dones[after, envs] = False
         store.timeouts[after, envs] = False
-        store.time_steps[after, envs] = self._time + 1
-        self._head = rows + 1
-        self._time += 1
-        self._table[self._running, 2] = self._head + 1
-        self._running[done] = -1
-        self.pos = (self._head + 1) % self.buffer_size  # type: ignore[assignment]  # per column, see reset
-        self.full = self._head + 1 >= self.buffer_size  # type: ignore[assignment]
+        store.time_steps[after, envs] = time + 1
+        self.pos = self.index.pos()  # type: ignore[assignment]  # per column, see reset
+        self.full = self.index.full()  # type: ignore[assignment]
 
     def end_running_rollouts(self) -> None:
         """End every env's running rollout where it stands, unfinished (the envs are restarting):
         each env's next step starts a new rollout."""
-        self._running[:] = -1
+        self.index.end_rollouts(slice(None))
 
     def _close_broken_streams(self, obs: dict[str, np.ndarray]) -> None:
         """Close running rollouts whose newest observation is not the ``obs`` now given."""
-        running = np.flatnonzero(self._running >= 0)
+        running, heads = self.index.running_heads()
         if len(running) == 0:
             return
-        store = self._store()
-        here = self._head[running] % self.buffer_size
+        store = self.store()
+        here = heads % self.buffer_size
         same = np.ones(len(running), dtype=bool)
         for key, array in store.obs.items():
             stored = array[here, running]
             given = obs[key][running].astype(stored.dtype)
             same &= (stored == given).reshape(len(running), -1).all(axis=1)
-        self._running[running[~same]] = -1
-
-    def _new_rollout(self, env: int, start: int) -> int:
-        """Append a rollout of column ``env`` starting at absolute row ``start``; return its table index."""
-        if self._n_table == len(self._table):
-            self._compact()
-        if self._n_table == len(self._table):
-            grown = np.zeros((max(64, 2 * len(self._table)), 3), dtype=np.int64)
-            grown[: self._n_table] = self._table[: self._n_table]
-            self._table = grown
-        index = self._n_table
-        self._table[index] = (env, start, start + 1)
-        self._n_table += 1
-        return index
-
-    def _live(self) -> np.ndarray:
-        """``(n_table,)`` bool, the table entries whose rollout can still be sampled.
-
-        A rollout is live while its first row is intact, or, if it is longer than its column (it
-        then lost its first rows while running), while at least two of its rows are.
-        """
-        col, start, end = self._table[: self._n_table].T
-        oldest = self._head[col] - self.buffer_size + 1
-        return (start >= oldest) | ((end - start > self.buffer_size) & (end - oldest >= 2))
-
-    def _compact(self) -> None:
-        """Drop the table entries of evicted rollouts."""
-        keep = np.flatnonzero(self._live())
-        new_index = np.full(self._n_table, -1, dtype=np.int64)
-        new_index[keep] = np.arange(len(keep))
-        self._table[: len(keep)] = self._table[keep]
-        self._n_table = len(keep)
-        running = self._running >= 0
-        self._running[running] = new_index[self._running[running]]
-
-    # ------------------------------------------------------------------ sampling
-
-    def _rollouts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The rollouts that can be sampled.
-
-        :return: columns, first intact absolute rows, first window offsets (1 for a rollout that
-            lost its beginning: its first intact row only gives the previous action and reward)
-            and numbers of intact observations, each ``(R,)``
-        """
-        table = self._table[: self._n_table][self._live()]
-        col, start, end = table[:, 0], table[:, 1], table[:, 2]
-        oldest = self._head[col] - self.buffer_size + 1
-        lost_start = start < oldest
-        first_row = np.where(lost_start, oldest, start)
-        return col, first_row, lost_start.astype(np.int64), end - first_row
+        self.index.end_rollouts(running[~same])
 
     def size(self) -> int:
         """Number of transitions that can be sampled."""
-        _, _, first, n_obs = self._rollouts()
-        return int(np.sum(n_obs - first - 1))
+        return self.index.size()
 
     def num_rollouts(self) -> int:
         """Number of rollouts that can be sampled, running ones included."""
-        return int(np.count_nonzero(self._live()))
+        return self.index.num_rollouts()
 
-    def _windows(self, n_obs: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def draw_windows(self, n_obs: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draw window offsets ``(B,)`` and lengths ``(B,)`` in rollouts of ``n_obs`` observations."""
         available = n_obs - first
         length = np.minimum(available, self.max_seq_len + 1)
         return first + np.random.randint(0, available - length + 1), length
 
-    def _gather(self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str]) -> _Windows:
+    def gather(self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str]) -> Windows:
         """Windows of ``length`` ``(B,)`` observations from absolute rows ``starts`` ``(B,)`` of columns ``cols``.
 
         One gather per array over a ``(B, L + 2)`` grid of rows: the row before each window (for the
@@ -432,14 +277,14 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         steps = np.arange(-1, int(length.max()))
         rows = (starts[:, None] + np.minimum(steps, length[:, None] - 1)) % self.buffer_size
         col = cols[:, None]
-        store = self._store()
+        store = self.store()
         time_idx = store.time_steps[rows[:, 1:], col].astype(np.int64)
         started = time_idx > 0
         actions = store.actions[rows, col].astype(np.float32)
         before = rows[:, :-1]
         done = store.dones[before, col] & started
         timeout = store.timeouts[before, col]
-        return _Windows(
+        return Windows(
             observations={key: store.obs[key][rows[:, 1:], col] for key in keys},
             actions=actions[:, 1:],
             prev_actions=actions[:, :-1] * started[..., None],
@@ -450,62 +295,6 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             real=steps[None, 1:] < length[:, None],
         )
 
-    def _read_rollout(self, col: int, first_row: int, n_obs: int, keys: list[str]) -> Rollout:
-        """A copy of the ``n_obs`` rows of a rollout from ``first_row``, with the observation ``keys``."""
-        rows = (first_row + np.arange(n_obs)) % self.buffer_size
-        store = self._store()
-        last = rows[-2] if n_obs > 1 else rows[-1]
-        ended = n_obs > 1 and bool(store.dones[last, col])
-        timeout = bool(store.timeouts[last, col])
-        return Rollout(
-            observations={key: store.obs[key][rows, col] for key in keys},
-            actions=store.actions[rows[:-1], col],
-            rewards=store.rewards[rows[:-1], col],
-            terminated=ended and not timeout,
-            truncated=ended and timeout,
-            start_time=int(store.time_steps[rows[0], col]),
-        )
-
-    @staticmethod
-    def _write_rollout(windows: _Windows, index: int, rollout: Rollout, offset: int, length: int) -> None:
-        """Overwrite window ``index`` with what ``rollout`` holds for observations ``offset .. offset + length - 1``."""
-        t_end = rollout.length
-        actions = np.zeros((t_end + 2, windows.actions.shape[-1]), dtype=np.float32)
-        actions[1 : t_end + 1] = rollout.actions
-        rewards = np.zeros(t_end + 1, dtype=np.float32)
-        rewards[1:] = rollout.rewards
-        window = slice(offset, offset + length)
-        for key, value in windows.observations.items():
-            if key in rollout.observations:
-                value[index, :length] = rollout.observations[key][window]
-        windows.actions[index, :length] = actions[offset + 1 : offset + length + 1]
-        windows.prev_actions[index, :length] = actions[window]
-        windows.rewards[index, :length] = rewards[window]
-        windows.terminated[index, :length] = 0.0
-        windows.truncated[index, :length] = 0.0
-        if offset + length == t_end + 1:
-            windows.terminated[index, length - 1] = float(rollout.terminated)
-            windows.truncated[index, length - 1] = float(rollout.truncated)
-
-    def _relabeled_windows(self, cols: np.ndarray, first_rows: np.ndarray, first: np.ndarray, n_obs: np.ndarray) -> _Windows:
-        """Relabel each drawn rollout, then cut its window; relabeled keys, actions and rewards come from the rollout."""
-        assert self.relabeler is not None
-        relabel_keys = [key for key in self.relabeler.keys if key in self._obs_spaces]
-        rollouts = [
-            self.relabeler.relabel(self._read_rollout(col, row, n, relabel_keys))
-            for col, row, n in zip(cols, first_rows, n_obs)
-        ]
-        offsets, length = self._windows(np.array([rollout.length + 1 for rollout in rollouts]), first)
-        visible = [key for key in self._obs_spaces if key not in self.hidden_keys]
-        windows = self._gather(cols, first_rows + offsets, length, [key for key in visible if key not in relabel_keys])
-        for key in visible:
-            if key in relabel_keys:
-                store = self._store().obs[key]
-                windows.observations[key] = np.zeros((len(cols), int(length.max()), *store.shape[2:]), dtype=store.dtype)
-        for index, rollout in enumerate(rollouts):
-            self._write_rollout(windows, index, rollout, int(offsets[index]), int(length[index]))
-        return windows
-
     # Windows of whole rollouts, not SB3's batches of single transitions.
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> TrajectoryBatch:  # type: ignore[override]
         """Draw ``batch_size`` windows (see the class docstring for the alignment).
@@ -514,24 +303,26 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         :param env: a VecNormalize to normalise observations and rewards with, as SB3 does
         :return: tensors on the buffer's device, padded to the longest window in the batch
         """
-        cols, first_rows, first, n_obs = self._rollouts()
-        if len(cols) == 0:
+        spans = self.index.spans()
+        if len(spans.cols) == 0:
             raise ValueError("The replay buffer holds no rollout yet: add steps before sampling.")
-        if self.sample_by_length:
-            cumulative = np.cumsum(n_obs - first)
-            picked = np.searchsorted(cumulative, np.random.random(batch_size) * cumulative[-1], side="right")
-        else:
-            picked = np.random.randint(0, len(cols), size=batch_size)
-        cols, first_rows, first, n_obs = cols[picked], first_rows[picked], first[picked], n_obs[picked]
+        spans = spans.take(self._pick(spans, batch_size))
         if self.relabeler is None:
-            offsets, length = self._windows(n_obs, first)
-            keys = [key for key in self._obs_spaces if key not in self.hidden_keys]
-            windows = self._gather(cols, first_rows + offsets, length, keys)
+            offsets, length = self.draw_windows(spans.n_obs, spans.first)
+            keys = [key for key in self.obs_keys if key not in self.hidden_keys]
+            windows = self.gather(spans.cols, spans.first_rows + offsets, length, keys)
         else:
-            windows = self._relabeled_windows(cols, first_rows, first, n_obs)
+            windows = relabeled_windows(self, self.relabeler, spans)
         return self._to_batch(windows, env)
 
-    def _to_batch(self, windows: _Windows, env: VecNormalize | None) -> TrajectoryBatch:
+    def _pick(self, spans: Spans, batch_size: int) -> np.ndarray:
+        """``(batch_size,)`` indices of the drawn rollouts: uniformly, or in proportion to their length."""
+        if self.sample_by_length:
+            cumulative = np.cumsum(spans.n_obs - spans.first)
+            return np.searchsorted(cumulative, np.random.random(batch_size) * cumulative[-1], side="right")
+        return np.random.randint(0, len(spans.cols), size=batch_size)
+
+    def _to_batch(self, windows: Windows, env: VecNormalize | None) -> TrajectoryBatch:
         """Normalise, zero the padding and move to the device."""
         observations: dict[str, np.ndarray] = windows.observations
         if env is not None:
@@ -567,3 +358,32 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             time_idx=to_device(windows.time_idx),
             real=to_device(windows.real),
         )
+
+
+def step_layout(
+    observation_space: spaces.Space, action_space: spaces.Space, action_dim: int, n_envs: int, handle_timeouts: bool
+) -> StepLayout:
+    """The layout of one step of ``n_envs`` envs in a replay of ``observation_space`` (flat) and ``action_space``."""
+    obs_spaces = dict(observation_space.spaces) if isinstance(observation_space, spaces.Dict) else {OBS_KEY: observation_space}
+    shapes = get_obs_shape(observation_space)
+    obs_shapes = shapes if isinstance(shapes, dict) else {OBS_KEY: shapes}
+    return StepLayout(observation_space, obs_spaces, obs_shapes, action_space, action_dim, n_envs, handle_timeouts)
+
+
+def upgraded_from_version_1(state: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 replay's pickled attributes in the current layout (the same rollouts and data)."""
+    state = dict(state)
+    index = RolloutIndex(state["n_envs"], state["buffer_size"])
+    index.head, index.time, index.running = state.pop("_head"), state.pop("_time"), state.pop("_running")
+    index.table, index.n_table = state.pop("_table"), state.pop("_n_table")
+    state["index"] = index
+    del state["_obs_spaces"], state["_obs_shapes"]
+    state["layout"] = step_layout(
+        state["observation_space"],
+        state["action_space"],
+        state["action_dim"],
+        state["n_envs"],
+        state["handle_timeout_termination"],
+    )
+    state["format_version"] = REPLAY_FORMAT_VERSION
+    return state

@@ -7,14 +7,19 @@ Launch an ordinary script with ``torchrun --nproc_per_node N script.py`` and bui
 ``AMAGO(..., distributed=True)``; the process group comes from torchrun's environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), with ``gloo`` on CPU and
 ``nccl`` on GPUs, unless the script initialised one itself.
+
+Everything that differs under ``distributed=True`` is a method of :class:`DataParallel`; AMAGO
+calls the same methods of :class:`SingleProcess` otherwise, where each does nothing.
 """
 
 import atexit
 import datetime
 import os
+from collections.abc import Callable
 
 import torch as th
 import torch.distributed as dist
+from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # How long a rank waits in a collective for the others (rank 0 may evaluate or save meanwhile).
@@ -34,7 +39,42 @@ def rank_device(device: th.device) -> th.device:
     return th.device("cuda", local_rank % max(1, th.cuda.device_count()))
 
 
-class DataParallel:
+class SingleProcess:
+    """Training in one process: the interface of :class:`DataParallel`, with nothing to share.
+
+    :param device: the model's device
+    """
+
+    #: Whether each rank seeds its own RNGs rather than taking those of a loaded file (rank 0's).
+    per_rank_rng = False
+
+    def __init__(self, device: th.device) -> None:
+        self.device = device
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process logs, evaluates and saves."""
+        return True
+
+    def rank_seed(self, seed: int | None, n_envs: int) -> int | None:
+        """The seed this process uses for ``seed``."""
+        return seed
+
+    def attach(self, module: th.nn.Module) -> None:
+        """Share ``module``'s parameters and batch statistics with the other processes."""
+
+    def check_collection(self, train_freq: TrainFreq, **settings: int) -> None:
+        """Raise a ValueError unless the processes can collect and update in step."""
+
+    def average_gradients(self, params: list[th.nn.Parameter], n_real: th.Tensor) -> None:
+        """Replace the gradients by those of the loss over every process's batch."""
+
+    def collection_round(self, collect: Callable[[], RolloutReturn]) -> RolloutReturn:
+        """Run one collection round, ``collect``, and settle with the other processes whether training goes on."""
+        return collect()
+
+
+class DataParallel(SingleProcess):
     """This process's place in the process group and the collectives the training step needs.
 
     Joins the process group already initialised by the script, or initialises one from torchrun's
@@ -43,8 +83,10 @@ class DataParallel:
     :param device: the model's device; ``cuda`` without an index is mapped to the rank's GPU
     """
 
+    per_rank_rng = True
+
     def __init__(self, device: th.device) -> None:
-        self.device = rank_device(device)
+        super().__init__(rank_device(device))
         if self.device.type == "cuda":
             th.cuda.set_device(self.device)
         if not dist.is_initialized():
@@ -102,6 +144,17 @@ class DataParallel:
             if hasattr(sub, "reduce_moments"):
                 sub.reduce_moments = self.sum
 
+    def check_collection(self, train_freq: TrainFreq, **settings: int) -> None:
+        """Raise a ValueError on every rank unless ``train_freq`` counts steps and every rank has the same
+        ``train_freq`` and ``settings`` (ranks collecting whole episodes would collect different
+        numbers of steps and fall out of step)."""
+        if train_freq.unit != TrainFrequencyUnit.STEP:
+            raise ValueError(
+                f"distributed=True needs train_freq in steps, got {train_freq}: ranks collecting whole episodes "
+                "would collect different numbers of steps and fall out of step. Use e.g. train_freq=(4, 'step')."
+            )
+        self.check_same(train_freq=train_freq.frequency, **settings)
+
     def check_same(self, **settings: int) -> None:
         """Raise a ValueError on every rank unless every rank has the same ``settings`` (the
         collection and update counts, which keep the ranks' collectives in step)."""
@@ -140,6 +193,17 @@ class DataParallel:
         grads = flat[: -1 - len(params)].div_(total).split([p.numel() for p in params])
         for p, grad, present in zip(params, grads, flat[-1 - len(params) : -1].tolist()):
             p.grad = grad.view_as(p).to(p.device, p.dtype) if present > 0 else None
+
+    def collection_round(self, collect: Callable[[], RolloutReturn]) -> RolloutReturn:
+        """Run ``collect``; then every rank learns whether another rank's collection failed (and
+        raises) or its callbacks asked to stop (and stops too)."""
+        try:
+            rollout = collect()
+        except Exception:
+            self.end_round(failed=True)
+            raise
+        stop = self.end_round(stop=not rollout.continue_training)
+        return rollout._replace(continue_training=not stop)
 
     def end_round(self, failed: bool = False, stop: bool = False) -> bool:
         """The step every rank takes after each collection round: learn whether another rank

@@ -5,7 +5,8 @@ Shapes: ``B`` windows of ``L + 1`` steps; the loss lives on the first ``L`` posi
 bootstraps from the next one. ``C`` critics, ``G`` discount factors (main gamma last).
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch as th
@@ -16,7 +17,9 @@ from sb3_amago.type_aliases import TrajectoryBatch
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Weights and options of the loss (paper defaults).
+    """Weights and options of the loss (paper defaults). The one place they are defined: AMAGO's
+    arguments of the same names take their defaults from here, and :meth:`from_settings` reads them
+    back from its attributes.
 
     :param reward_multiplier: ``k``, rewards are scaled by it in the TD target
     :param critic_weight: weight of the critic regression
@@ -43,6 +46,15 @@ class LossConfig:
             raise ValueError(f"filter_kind must be 'binary' or 'exp', got {self.filter_kind!r}")
         if self.n_target_critics < 1:
             raise ValueError(f"n_target_critics must be >= 1, got {self.n_target_critics}")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> "LossConfig":
+        """The config of the loss settings in ``settings`` (e.g. a model's attributes), by field name."""
+        return cls(**{f.name: settings[f.name] for f in fields(cls)})
+
+
+#: The defaults of the loss settings.
+LOSS_DEFAULTS = LossConfig()
 
 
 def masked_mean(x: th.Tensor, real: th.Tensor) -> th.Tensor:

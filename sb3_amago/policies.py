@@ -25,6 +25,7 @@ from sb3_amago.nets.heads import ActorHead
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.nets.timestep import TimestepEncoder
 from sb3_amago.type_aliases import TensorObs
+from sb3_amago.validation import check_finite
 from sb3_amago.wrappers import flat_dict_obs
 
 
@@ -287,10 +288,11 @@ class TransformerPolicy(BasePolicy):
 
     def env_obs_to_tensor(self, observation: Any) -> tuple[TensorObs, bool]:
         """Raw env observations -> finite tensors in the buffer layout, and whether they were batched."""
-        obs_tensor, vectorized = self.obs_to_tensor(self.prepare_observation(observation))
-        obs_tensor = self.obs_to_buffer_layout(obs_tensor)
-        check_finite_obs(obs_tensor)
-        return obs_tensor, vectorized
+        observation = self.prepare_observation(observation)
+        for key, value in observation.items() if isinstance(observation, dict) else [(OBS_KEY, observation)]:
+            check_finite(f"Observation '{key}'", np.asarray(value))
+        obs_tensor, vectorized = self.obs_to_tensor(observation)
+        return self.obs_to_buffer_layout(obs_tensor), vectorized
 
     def predict(  # type: ignore[override]
         self,
@@ -376,17 +378,6 @@ def default_optimizer_kwargs(optimizer_class: type[th.optim.Optimizer]) -> dict[
 def batch_size(obs: TensorObs) -> int:
     """Leading (env) dimension of an observation tensor or dict of tensors."""
     return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
-
-
-def check_finite_obs(obs: TensorObs) -> None:
-    """Raise on NaN or infinite observation entries, naming the key."""
-    items = obs.items() if isinstance(obs, dict) else [(OBS_KEY, obs)]
-    for key, value in items:
-        if value.is_floating_point() and not bool(th.isfinite(value).all()):
-            raise ValueError(
-                f"Observation '{key}' holds NaN or infinite values. Fix the env, or wrap it with "
-                "stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
-            )
 
 
 def head_sizes(

@@ -340,3 +340,12 @@ class GoalEnvRelabeler(HindsightRelabeler):
         observations = dict(rollout.observations)
         observations[self.DESIRED_GOAL_KEY] = np.repeat(goal[None], rollout.length + 1, axis=0)
         return self._finish(rollout, observations, rewards, end, self.terminate_on_success)
+
+
+def visible_space(observation_space: spaces.Space, relabeler: Relabeler | None) -> spaces.Space:
+    """``observation_space`` without the keys ``relabeler`` hides from the policy (its ``hidden_keys``)."""
+    hidden = tuple(getattr(relabeler, "hidden_keys", ()))
+    if not hidden:
+        return observation_space
+    assert isinstance(observation_space, spaces.Dict)
+    return spaces.Dict({k: v for k, v in observation_space.spaces.items() if k not in hidden})

@@ -1,7 +1,9 @@
 """Named containers passed between the replay buffer, the policy and the algorithm."""
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch as th
 
 # An observation batch: a tensor, or a dict of tensors for Dict observation spaces.
@@ -37,3 +39,30 @@ class TrajectoryBatch(NamedTuple):
     truncated: th.Tensor
     time_idx: th.Tensor
     real: th.Tensor
+
+
+class ReplayStore(NamedTuple):
+    """The replay's storage arrays once allocated, each ``(rows, n_envs, ...)`` (one ring per env
+    column; see :class:`~sb3_amago.buffers.TrajectoryReplayBuffer` for what a row holds)."""
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    dones: np.ndarray
+    timeouts: np.ndarray
+    time_steps: np.ndarray
+
+
+@dataclass
+class Windows:
+    """A batch of windows in numpy, before it becomes a :class:`TrajectoryBatch`: the same fields
+    and shapes (observations as a dict by key)."""
+
+    observations: dict[str, np.ndarray]
+    actions: np.ndarray
+    prev_actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    time_idx: np.ndarray
+    real: np.ndarray

@@ -3,6 +3,7 @@ what collection feeds the policy, acting with state, save/load, and clear errors
 
 import copy
 import dataclasses
+import inspect
 import pickle
 import zipfile
 
@@ -13,9 +14,12 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3 import SAC
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.noise import ActionNoise, NormalActionNoise, OrnsteinUhlenbeckActionNoise
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
+from sb3_amago.exploration import ActionNoiseExploration, BiLevelSchedule, Exploration
+from sb3_amago.loss import LossConfig
 from sb3_amago.nets import GRUTrajEncoder
 from sb3_amago.policies import AmagoState
 
@@ -497,6 +501,20 @@ def test_sb3_style_policy_kwargs_reach_the_policy() -> None:
         tiny_model(env, policy_kwargs={**TINY, "traj_encoder": th.nn.GRU})
 
 
+def test_loss_settings_have_one_source(tmp_path) -> None:
+    """AMAGO's loss arguments default to LossConfig's fields, are checked at construction, and reach the loss
+    from the model's attributes (so load can change them)."""
+    defaults = inspect.signature(AMAGO).parameters
+    for f in dataclasses.fields(LossConfig):
+        assert defaults[f.name].default == f.default, f.name
+    assert tiny_model(CountingEnv()).loss_config == LossConfig()
+    with pytest.raises(ValueError, match="filter_kind"):
+        tiny_model(CountingEnv(), filter_kind="sigmoid")
+    tiny_model(CountingEnv(), bc_weight=0.5).save(tmp_path / "model")
+    loaded = AMAGO.load(tmp_path / "model", reward_multiplier=100.0)
+    assert loaded.loss_config == LossConfig(bc_weight=0.5, reward_multiplier=100.0)
+
+
 def test_hyperparameters_at_the_limits_are_accepted() -> None:
     encoder = {**TINY["traj_encoder_kwargs"], "pos_emb": "learnable", "max_time": 9}
     tiny_model(CountingEnv(), tau=1.0, multigammas=(0.0,), policy_kwargs={**TINY, "traj_encoder_kwargs": encoder})
@@ -626,8 +644,13 @@ def _exploration_model(action_space: spaces.Space, scale, **kwargs) -> tuple[AMA
     """A tiny model with the per-env multipliers set by hand and a fresh state for as many envs."""
     model = tiny_model(CountingEnv(action_space=action_space), **kwargs)
     model.num_timesteps = 0
-    model._explore_scale = np.asarray(scale, dtype=np.float64)
+    model.exploration.scale = np.asarray(scale, dtype=np.float64)
     return model, model.policy.initial_state(len(scale))
+
+
+def _explore(model: AMAGO, action: th.Tensor, state: AmagoState) -> th.Tensor:
+    """What collection takes in place of the policy's ``action`` at ``state``."""
+    return model.exploration.explore(action, state.time_idx, model.num_timesteps, model.policy.action_type)
 
 
 def test_exploration_epsilon_global_schedule_is_linear_then_flat() -> None:
@@ -661,7 +684,7 @@ def test_exploration_discrete_is_epsilon_greedy_per_env() -> None:
     assert model.epsilon() == 1.0
     th.manual_seed(0)
     greedy = th.full((3 * K, 1), 2.0)
-    out = model._explore(greedy, state)
+    out = _explore(model, greedy, state)
     assert out.shape == greedy.shape
     assert th.equal(out[:K], greedy[:K]), "multiplier 0: never explores"
     explored = out[K : 2 * K, 0]
@@ -672,7 +695,7 @@ def test_exploration_discrete_is_epsilon_greedy_per_env() -> None:
     assert float((out[2 * K :, 0] == 2.0).float().mean()) == pytest.approx(2 / 3, abs=0.03)
     # The schedule scales it too: at epsilon_end (0.05) the multiplier-1 envs keep 1 - 0.05 + 0.05 / 3.
     model.num_timesteps = model.exploration_steps
-    out = model._explore(greedy, state)
+    out = _explore(model, greedy, state)
     assert float((out[K : 2 * K, 0] == 2.0).float().mean()) == pytest.approx(1 - 0.05 * 2 / 3, abs=0.01)
 
 
@@ -683,7 +706,7 @@ def test_exploration_multidiscrete_replaces_each_sub_action_independently() -> N
     model, state = _exploration_model(ACTION_SPACES["multidiscrete"], scale)  # nvec [2, 3]
     th.manual_seed(0)
     greedy = th.tensor([[1.0, 2.0]]).repeat(3 * K, 1)
-    out = model._explore(greedy, state)
+    out = _explore(model, greedy, state)
     assert th.equal(out[:K], greedy[:K])
     kept = out[K : 2 * K] == greedy[K : 2 * K]
     assert set(out[K:, 0].tolist()) <= {0.0, 1.0} and set(out[K:, 1].tolist()) <= {0.0, 1.0, 2.0}
@@ -704,13 +727,13 @@ def test_exploration_box_adds_gaussian_noise_of_std_epsilon_per_env() -> None:
     model, state = _exploration_model(ACTION_SPACES["box"], [0.0] * K + [1.0] * K, epsilon_start=0.3)
     assert model.epsilon() == pytest.approx(0.3)
     th.manual_seed(0)
-    out = model._explore(th.zeros(2 * K, 2), state)
+    out = _explore(model, th.zeros(2 * K, 2), state)
     assert th.equal(out[:K], th.zeros(K, 2))
     noise = out[K:]
     assert float(noise.mean()) == pytest.approx(0.0, abs=0.02)
     assert float(noise.std()) == pytest.approx(0.3, rel=0.05)
     # Near the bound, the result is clamped into [-1, 1].
-    out = model._explore(th.full((2 * K, 2), 0.95), state)
+    out = _explore(model, th.full((2 * K, 2), 0.95), state)
     assert float(out.max()) == 1.0 and float(out.min()) >= -1.0
     assert float((out[K:] == 1.0).float().mean()) > 0.3
 
@@ -725,23 +748,22 @@ def test_exploration_bi_level_schedule_decays_with_the_time_index() -> None:
     )
     state = dataclasses.replace(state, time_idx=th.tensor(times).repeat_interleave(K))
     th.manual_seed(0)
-    out = model._explore(th.zeros(len(times) * K, 2), state)
+    out = _explore(model, th.zeros(len(times) * K, 2), state)
     for i, (t, factor) in enumerate(zip(times, factors)):
         assert float(out[i * K : (i + 1) * K].std()) == pytest.approx(0.4 * factor, rel=0.05), t
     # The multiplier still applies on top: multiplier 0.5 at t = H / 2 gives 0.4 * 0.5 * 0.525.
-    model._explore_scale = np.full(len(times) * K, 0.5)
-    out = model._explore(th.zeros(len(times) * K, 2), state)
+    model.exploration.scale = np.full(len(times) * K, 0.5)
+    out = _explore(model, th.zeros(len(times) * K, 2), state)
     assert float(out[K : 2 * K].std()) == pytest.approx(0.4 * 0.5 * 0.525, rel=0.05)
     # Without the horizon the time index is ignored: every env gets the full epsilon.
-    model.rollout_exploration_horizon = None
-    model._explore_scale = np.ones(len(times) * K)
-    out = model._explore(th.zeros(len(times) * K, 2), state)
+    model, _ = _exploration_model(ACTION_SPACES["box"], [1.0] * (len(times) * K), epsilon_start=0.4)
+    out = _explore(model, th.zeros(len(times) * K, 2), state)
     for i, t in enumerate(times):
         assert float(out[i * K : (i + 1) * K].std()) == pytest.approx(0.4, rel=0.05), t
     # Discrete, epsilon 1, t = H / 2: replaced with probability 0.525, so kept 1 - 0.525 * 2 / 3.
     model, state = _exploration_model(ACTION_SPACES["discrete"], [1.0] * K, rollout_exploration_horizon=H)
     state = dataclasses.replace(state, time_idx=th.full((K,), 5))
-    out = model._explore(th.zeros(K, 1), state)
+    out = _explore(model, th.zeros(K, 1), state)
     assert float((out == 0.0).float().mean()) == pytest.approx(1 - 0.525 * 2 / 3, abs=0.03)
 
 
@@ -753,9 +775,9 @@ def test_exploration_multiplier_is_redrawn_only_for_finished_envs(monkeypatch: p
     store = model._store_transition
 
     def recording_store(replay_buffer, buffer_action, new_obs, reward, dones, infos):
-        before = model._explore_scale.copy()
+        before = model.exploration.scale.copy()
         store(replay_buffer, buffer_action, new_obs, reward, dones, infos)
-        records.append((before, model._explore_scale.copy(), np.asarray(dones, dtype=bool).copy()))
+        records.append((before, model.exploration.scale.copy(), np.asarray(dones, dtype=bool).copy()))
 
     monkeypatch.setattr(model, "_store_transition", recording_store)
     model.learn(3 * 60)
@@ -774,3 +796,98 @@ def test_exploration_multiplier_is_redrawn_only_for_finished_envs(monkeypatch: p
     assert len(new_draws) == 20 + 12
     assert min(new_draws) >= 0.0 and max(new_draws) < 1.0
     assert np.mean(new_draws) == pytest.approx(0.5, abs=0.2)
+
+
+class CountingNoise(ActionNoise):
+    """Zero noise that counts its resets."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def __call__(self) -> np.ndarray:
+        return np.zeros(2)
+
+
+class CountingExploration(Exploration):
+    """Takes the policy's actions and counts the env steps it saw (its state)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def explore(self, action, time_idx, num_timesteps, action_type):
+        self.steps += len(action)
+        return action
+
+    def get_state(self) -> dict:
+        return {"steps": self.steps}
+
+    def set_state(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+def test_action_noise_is_added_to_the_scaled_action_and_clipped() -> None:
+    """SB3's ActionNoise on Box actions, as TD3 applies it: noise + action in [-1, 1] units, clipped."""
+    noise = NormalActionNoise(mean=np.zeros(2), sigma=np.full(2, 0.3))
+    model = tiny_model(CountingEnv(action_space=ACTION_SPACES["box"]), action_noise=noise)
+    assert isinstance(model.exploration, ActionNoiseExploration) and model.action_noise is None
+    assert model.epsilon() is None
+    model.exploration.reset(4)  # four envs: one noise process each
+    action = th.tensor([[0.0, 0.0], [0.95, -0.95], [0.5, 0.5], [-1.0, 1.0]])
+    np.random.seed(1)
+    expected = np.clip(action.numpy() + np.random.normal(0.0, 0.3, size=(4, 2)), -1.0, 1.0)
+    np.random.seed(1)
+    got = model.exploration.explore(action, th.zeros(4, dtype=th.long), 0, model.policy.action_type)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+    # Training logs no epsilon for it.
+    model.learn(24)
+    model.train(gradient_steps=1, batch_size=4)
+    assert "rollout/exploration_epsilon" not in model.logger.name_to_value
+
+
+def test_action_noise_of_an_env_is_reset_when_its_episode_ends() -> None:
+    env = DummyVecEnv([lambda n=n: CountingEnv(length=n, action_space=ACTION_SPACES["box"]) for n in (3, 5, 1000)])
+    model = tiny_model(env, action_noise=CountingNoise(), learning_starts=0)
+    model.learn(3 * 60)
+    # Per env: a reset when wrapped in a VectorizedActionNoise, one when learn starts, one per episode end.
+    assert [noise.resets for noise in model.exploration.noise.noises] == [2 + 20, 2 + 12, 2]
+
+
+def test_exploration_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="action_noise perturbs continuous actions.*epsilon schedule"):
+        tiny_model(CountingEnv(), action_noise=NormalActionNoise(np.zeros(1), np.ones(1)))
+    with pytest.raises(ValueError, match="not both"):
+        tiny_model(CountingEnv(), action_noise=CountingNoise(), exploration=CountingExploration())
+
+
+def test_action_noise_run_resumes_identically(tmp_path) -> None:
+    """The Ornstein-Uhlenbeck processes of the envs continue across save and load as in a run that never stopped."""
+    env = _counting_vec_env()
+    noise = OrnsteinUhlenbeckActionNoise(mean=np.zeros(2), sigma=np.full(2, 0.2))
+    model = tiny_model(env, learning_starts=8, train_freq=4, warmup_steps=50, action_noise=noise)
+    model.learn(24)
+    model.save(tmp_path / "amago")
+    model.save_replay_buffer(tmp_path / "replay")
+    saved_env = copy.deepcopy(env)
+    model.learn(32, reset_num_timesteps=False)
+    resumed = AMAGO.load(tmp_path / "amago", env=saved_env, force_reset=False)
+    resumed.load_replay_buffer(tmp_path / "replay")
+    assert isinstance(resumed.exploration, ActionNoiseExploration)
+    resumed.learn(32, reset_num_timesteps=False)
+    _assert_same_run(model, resumed)
+
+
+def test_own_exploration_is_used_saved_and_resumed(tmp_path) -> None:
+    model = tiny_model(CountingEnv(), exploration=CountingExploration(), learning_starts=10)
+    model.learn(32)
+    assert model.exploration.steps == 22, "called from learning_starts on, once per env step"
+    model.save(tmp_path / "own")
+    loaded = AMAGO.load(tmp_path / "own", env=CountingEnv())
+    assert isinstance(loaded.exploration, CountingExploration) and loaded.exploration.steps == 22
+    # The default schedule is built from the arguments, so load can change them.
+    tiny_model(CountingEnv(), exploration_steps=300).save(tmp_path / "default")
+    loaded = AMAGO.load(tmp_path / "default", exploration_steps=50, rollout_exploration_horizon=7)
+    assert isinstance(loaded.exploration, BiLevelSchedule)
+    assert (loaded.exploration.steps, loaded.exploration.horizon) == (50, 7)

@@ -285,7 +285,7 @@ def _content(buffer: TrajectoryReplayBuffer) -> list[np.ndarray]:
         buffer.actions.copy(),
         buffer.rewards.copy(),
         buffer.time_steps.copy(),
-        buffer._head.copy(),
+        buffer.index.head.copy(),
     ]
 
 

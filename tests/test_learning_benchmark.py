@@ -1,4 +1,4 @@
-"""The pure parts of benchmarks/learning.py: resuming, steps to the threshold, the report. No training."""
+"""The pure parts of benchmarks/learning.py: resuming, its CSV columns, the report. No training."""
 
 import json
 import sys
@@ -41,7 +41,7 @@ def test_resume_skips_finished_runs_and_drops_interrupted_ones(tmp_path: Path, m
     done = make_rows("RepeatFirstEasy", "amago", 0, 300, [0.2, 0.5])
     interrupted = make_rows("RepeatFirstEasy", "amago", 1, 300, [0.1], finished=False)
     other_budget = make_rows("RepeatFirstEasy", "ppo_lstm", 0, 999, [0.3, 0.4])
-    learning.write_rows(config.csv_path, done + interrupted + other_budget)
+    config.store.write(done + interrupted + other_budget)
     trained: list[learning.RunKey] = []
     monkeypatch.setattr(learning, "train_run", lambda key, _config: trained.append(key))
 
@@ -52,33 +52,16 @@ def test_resume_skips_finished_runs_and_drops_interrupted_ones(tmp_path: Path, m
         learning.RunKey("RepeatFirstEasy", "ppo_lstm", 0, 300),
         learning.RunKey("RepeatFirstEasy", "ppo_lstm", 1, 300),
     ]
-    assert learning.read_rows(config.csv_path) == done + other_budget  # the interrupted run's row is gone
+    assert config.store.read() == done + other_budget  # the interrupted run's row is gone
 
 
 def test_append_row_writes_the_header_once(tmp_path: Path) -> None:
     path = tmp_path / "curves.csv"
     rows = make_rows("TMaze100", "memoryless", 2, 500, [0.0, 1.0])
     for row in rows:
-        learning.append_row(path, row)
-    assert learning.read_rows(path) == rows
+        learning.curve_store(path).append(row)
+    assert learning.curve_store(path).read() == rows
     assert path.read_text().count("task,algo") == 1
-
-
-def test_steps_to_threshold() -> None:
-    curve = learning.run_curve(make_rows("TMaze100", "amago", 0, 500, [0.1, 0.89, 0.95, 0.5, 1.0]))
-    assert learning.steps_to_threshold(curve) == (200, 20.0)  # the first evaluation at or above 0.9
-    assert learning.steps_to_threshold(curve, threshold=0.96) == (400, 40.0)
-    assert learning.steps_to_threshold(curve, threshold=1.01) is None
-
-
-def test_mean_curve_uses_the_steps_all_seeds_share() -> None:
-    short = learning.run_curve(make_rows("TMaze100", "amago", 0, 500, [0.2, 0.8]))
-    long = learning.run_curve(make_rows("TMaze100", "amago", 1, 500, [0.4, 1.0, 1.0]))
-    mean = learning.mean_curve([short, long])
-    np.testing.assert_array_equal(mean.steps, [0, 100])
-    np.testing.assert_allclose(mean.score, [0.3, 0.9])
-    np.testing.assert_allclose(mean.score_std, [0.1, 0.1])
-    assert learning.steps_to_threshold(mean) == (100, 10.0)
 
 
 def test_report_table_from_a_hand_made_csv(tmp_path: Path) -> None:
@@ -90,21 +73,20 @@ def test_report_table_from_a_hand_made_csv(tmp_path: Path) -> None:
         + make_rows("RepeatFirstEasy", "ppo_lstm", 1, 300, [0.5], finished=False)  # unfinished: left out
         + make_rows("RepeatFirstEasy", "memoryless", 5, 300, [1.0])  # a seed not configured: left out
     )
-    learning.write_rows(config.csv_path, rows)
+    config.store.write(rows)
 
-    summaries = learning.summarize(learning.read_rows(config.csv_path), config)
+    summaries = learning.summarize(config.store.read(), config)
 
     assert [(s.label, s.n_seeds) for s in summaries] == [("AMAGO", 2), ("RecurrentPPO", 1)]
-    table = learning.markdown_table(summaries).splitlines()
+    table = learning.results_table(summaries).splitlines()
     assert table[2] == "| RepeatFirstEasy | AMAGO | 2 | 0.900 ± 0.100 | 200 | 20 | 1/2 |"
     assert table[3] == "| RepeatFirstEasy | RecurrentPPO | 1 | 0.500 ± 0.000 | not reached | not reached | 0/1 |"
 
 
 def test_write_report_files(tmp_path: Path) -> None:
     config = quick_config(tmp_path, "--tasks", "TMaze100", "--algos", "amago", "memoryless", "--budget", "300")
-    learning.write_rows(
-        config.csv_path,
-        make_rows("TMaze100", "amago", 0, 300, [0.0, 1.0]) + make_rows("TMaze100", "memoryless", 0, 300, [0.5, 0.5]),
+    config.store.write(
+        make_rows("TMaze100", "amago", 0, 300, [0.0, 1.0]) + make_rows("TMaze100", "memoryless", 0, 300, [0.5, 0.5])
     )
 
     learning.write_report(config)
@@ -123,7 +105,7 @@ def test_rows_written_before_the_trial_returns_and_commit_columns_still_read(tmp
     path = tmp_path / "old.csv"
     old_fields = [field for field in learning.FIELDS if field not in ("trial_returns", "commit")]
     path.write_text(",".join(old_fields) + "\nRepeatFirstEasy,amago,0,300,0,0.0,-1.0,0.0,0.25,1\n")
-    (row,) = learning.read_rows(path)
+    (row,) = learning.curve_store(path).read()
     assert row["trial_returns"] == "" and row["commit"] == "" and row["score"] == 0.25 and row["final"] == 1
 
 
@@ -132,8 +114,8 @@ def test_appending_to_a_file_with_an_older_header_keeps_every_column(tmp_path: P
     old_fields = [field for field in learning.FIELDS if field != "commit"]
     path.write_text(",".join(old_fields) + "\nRepeatFirstEasy,amago,0,300,0,0.0,-1.0,0.0,0.25,,1\n")
     (new_row,) = make_rows("TMaze100", "amago", 0, 500, [0.5])
-    learning.append_row(path, new_row)
-    old_row, read_back = learning.read_rows(path)
+    learning.curve_store(path).append(new_row)
+    old_row, read_back = learning.curve_store(path).read()
     assert old_row["commit"] == "" and old_row["score"] == 0.25
     assert read_back == new_row
     assert path.read_text().splitlines()[0] == ",".join(learning.FIELDS)
@@ -177,8 +159,8 @@ def test_meta_rl_score_and_the_return_of_each_trial(tmp_path: Path) -> None:
     config = learning.parse_config(["--tasks", "DarkKeyToDoor5", "--algos", "amago", "--out-dir", str(tmp_path)])
     for seed, trials in enumerate(("0.0;1.0;2.0;2.0;2.0", "1.0;1.0;2.0;2.0;1.0", "0.5;1.0;2.0;2.0;1.5")):
         for row in make_rows("DarkKeyToDoor5", "amago", seed, task.budget, [0.1, 0.7]):
-            learning.append_row(config.csv_path, {**row, "trial_returns": trials if row["final"] else ""})
-    (summary,) = learning.summarize(learning.read_rows(config.csv_path), config)
+            config.store.append({**row, "trial_returns": trials if row["final"] else ""})
+    (summary,) = learning.summarize(config.store.read(), config)
     assert summary.final_trials.tolist() == pytest.approx([0.5, 1.0, 2.0, 2.0, 1.5])
     table = learning.trials_table([summary])
     assert "| DarkKeyToDoor5 | AMAGO | 3 | 0.50 | 1.00 | 2.00 | 2.00 | 1.50 | +1.00 |" in table

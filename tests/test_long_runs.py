@@ -130,7 +130,7 @@ def test_every_env_ending_on_the_same_step() -> None:
     model.learn(60)  # 20 steps of each env: 4 episodes
     assert model.replay_buffer.num_rollouts() == 3 * 4
     assert (model._collect_state.time_idx == 0).all()
-    assert model._explore_scale is not None and len(set(model._explore_scale.tolist())) == 3
+    assert model.exploration.scale is not None and len(set(model.exploration.scale.tolist())) == 3
     check_windows(model.replay_buffer.sample(32), {env: (5, False) for env in range(3)})
     assert trained_finite(model)
 

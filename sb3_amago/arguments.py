@@ -1,0 +1,122 @@
+"""Checks of AMAGO's constructor arguments: each raises a ValueError naming the argument and the fix,
+at construction rather than at the first update."""
+
+import warnings
+from typing import Any
+
+from gymnasium import spaces
+from stable_baselines3.common.noise import ActionNoise
+
+from sb3_amago.exploration import ActionNoiseExploration, Exploration
+from sb3_amago.keys import PREV_REWARD_KEY
+from sb3_amago.wrappers import flat_dict_space
+
+DEFAULT_N_CRITICS = 4
+SUPPORTED_OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def check_arguments(
+    env: Any, batch_size: int, max_seq_len: int, n_critics: int, gamma: float, multigammas: tuple[float, ...], tau: float
+) -> None:
+    """The checks that can run before SB3's constructor (which would vectorise an env the replay cannot store)."""
+    for name, value in (("batch_size", batch_size), ("max_seq_len", max_seq_len), ("n_critics", n_critics)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if env is not None and not isinstance(env, str):
+        check_observation_space(env.observation_space)
+    check_discounts(gamma, multigammas)
+    if not 0.0 <= float(tau) <= 1.0:
+        raise ValueError(
+            f"tau must lie in [0, 1] (the rate at which the target heads follow the online ones each update; "
+            f"AMAGO's default is 0.003), got {tau}."
+        )
+
+
+def chosen_exploration(exploration: Exploration | None, action_noise: ActionNoise | None) -> Exploration | None:
+    """The exploration asked for by AMAGO's ``exploration`` and ``action_noise`` arguments (None: the
+    epsilon schedule of its other exploration arguments).
+
+    :raises ValueError: if both are given
+    """
+    if action_noise is None:
+        return exploration
+    if exploration is not None:
+        raise ValueError(
+            "Give exploration or action_noise, not both: action_noise=noise is exploration=ActionNoiseExploration(noise)."
+        )
+    return ActionNoiseExploration(action_noise)
+
+
+def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:
+    """``policy_kwargs`` without ``n_critics``, and the number of critics: the one in ``policy_kwargs``
+    (where SAC / TQC users put it) if given, else AMAGO's ``n_critics`` argument.
+
+    :raises ValueError: if both are given, differently (``n_critics`` other than its default 4)
+    """
+    if not policy_kwargs or "n_critics" not in policy_kwargs:
+        return policy_kwargs, n_critics
+    rest = {key: value for key, value in policy_kwargs.items() if key != "n_critics"}
+    in_kwargs = policy_kwargs["n_critics"]
+    if n_critics != DEFAULT_N_CRITICS and n_critics != in_kwargs:
+        raise ValueError(
+            f"n_critics={n_critics} and policy_kwargs n_critics={in_kwargs} disagree: give the number of critics once, "
+            "either as AMAGO's n_critics argument or in policy_kwargs."
+        )
+    return rest, in_kwargs
+
+
+def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
+    """Raise a ValueError naming the argument unless every discount factor lies in [0, 1)."""
+    for name, values in (("gamma", (gamma,)), ("multigammas", tuple(multigammas))):
+        bad = [g for g in values if not 0.0 <= float(g) < 1.0]
+        if bad:
+            raise ValueError(
+                f"{name} holds {bad}: every discount factor must lie in [0, 1) (a critic with gamma >= 1 has no "
+                f"finite value). Use values such as 0.99 or 0.999."
+            )
+
+
+def check_replay_sizes(
+    buffer_size: int, batch_size: int, learning_starts: int, train_freq: int | tuple[int, str], max_seq_len: int, n_envs: int
+) -> None:
+    """Raise a ValueError naming the argument and the fix if the replay cannot hold one training
+    window per env column, or holds fewer transitions at the first update than a batch has windows."""
+    per_env = buffer_size // n_envs
+    if per_env < max_seq_len + 1:
+        raise ValueError(
+            f"buffer_size={buffer_size} holds {per_env} steps per env ({n_envs} envs), less than one training window "
+            f"(max_seq_len + 1 = {max_seq_len + 1} steps): raise buffer_size to at least {(max_seq_len + 1) * n_envs} "
+            "or lower max_seq_len."
+        )
+    frequency, unit = (train_freq, "step") if isinstance(train_freq, int) else train_freq
+    steps_per_round = int(frequency) * n_envs if getattr(unit, "value", unit) == "step" else 1
+    # SB3 trains once num_timesteps > learning_starts, after whole rounds of train_freq steps of every env.
+    first_update = -(-(learning_starts + 1) // steps_per_round) * steps_per_round
+    held = min(first_update, buffer_size)
+    if batch_size > held:
+        raise ValueError(
+            f"batch_size={batch_size} windows is more than the {held} transitions the replay holds at the first update "
+            f"(learning_starts={learning_starts}, buffer_size={buffer_size}): raise learning_starts to at least "
+            f"{batch_size} or lower batch_size."
+        )
+
+
+def check_observation_space(space: spaces.Space) -> None:
+    """Raise a clear error for observation spaces AMAGO cannot embed (Tuple and Dict spaces, nested
+    or not, are checked part by part)."""
+    for key, sub in flat_dict_space(space).spaces.items():
+        if not isinstance(sub, SUPPORTED_OBS_SPACES):
+            raise ValueError(
+                f"Observation '{key}' has space {sub}, which AMAGO cannot embed. Supported: Box, Discrete, "
+                "MultiDiscrete, MultiBinary, and Dict / Tuple spaces of these, nested or not. Wrap the env to turn "
+                "this part into one of them (or drop it)."
+            )
+
+
+def warn_without_reward_input(observation_space: spaces.Space) -> None:
+    """Warn that the policy will not see rewards in context unless the observations carry ``prev_reward``."""
+    if not (isinstance(observation_space, spaces.Dict) and PREV_REWARD_KEY in observation_space.spaces):
+        warnings.warn(
+            "The observations carry no 'prev_reward' key, so the policy does not see rewards in context. "
+            "Wrap the env with sb3_amago.PrevRewardWrapper for in-context RL (meta-RL, reward-dependent memory)."
+        )

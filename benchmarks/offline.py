@@ -326,6 +326,14 @@ def summarize(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     return out
 
 
+NOTE = (
+    "Rows so far: seed 0 of `expert_amago`, `python benchmarks/offline.py --cells expert_amago --seeds 0 --threads 1` "
+    "(at nice 19, three other runs sharing the 2-core machine, so seconds are upper bounds); the BC, mixed, "
+    "offline-to-online and scratch cells and seeds 1 and 2 are not run yet. The table is rebuilt from the CSV by the "
+    "command below."
+)
+
+
 def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], config: Config) -> list[str]:
     offline = [
         (
@@ -354,10 +362,11 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], config: C
             f"Datasets of {config.episodes} episodes of a scripted expert (return {EXPERT_RETURN:g}) with "
             f"{RANDOM_SHARE['expert']:.0%} (expert) or {RANDOM_SHARE['mixed']:.0%} (mixed) uniformly random episodes, "
             f"{config.updates:,} offline updates, zero env steps; offline-to-online: {config.o2o_episodes} expert episodes "
-            f"(protected, a quarter of each batch) and {config.o2o_updates} offline updates, then online. "
+            f"(protected, a quarter of each batch) and {config.o2o_updates:,} offline updates, then online. "
             "The ablation record's model and settings; see the docstring of `benchmarks/offline.py`."
         ),
         "",
+        *([] if config.quick else [NOTE, ""]),
         provenance(meta, " per run"),
         "",
         (

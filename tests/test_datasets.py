@@ -334,8 +334,14 @@ def test_protected_share_of_each_batch() -> None:
     model.learn(100)
     for seed in range(5):
         np.random.seed(seed)
-        marks = model.replay_buffer.sample(8).observations["observation"][:, 0, 0]
+        batch = model.replay_buffer.sample(8)
+        marks = batch.observations["observation"][:, 0, 0]
         assert int((marks >= 1000).sum()) == 2, "a quarter of each batch"
+        real = batch.real.numpy()
+        assert (np.sort(real, axis=1)[:, ::-1] == real).all(), "real steps are a prefix of each window"
+        assert (batch.observations["observation"].numpy()[~real] == 0).all() and (batch.time_idx.numpy()[~real] == 0).all()
+        t = batch.time_idx.numpy()
+        assert all((np.diff(t[b, real[b]]) == 1).all() for b in range(8)), "consecutive steps of one rollout"
     # Without a share, rollouts are drawn alike: over many batches the protected share is their share of rollouts.
     alike = marked_model(buffer_size=200, learning_starts=10_000)
     alike.add_dataset(demos, protected=True)
@@ -524,3 +530,25 @@ def test_protected_rollouts_are_relabeled_when_sampled() -> None:
     assert "achieved" not in batch.observations, "the hidden key stays hidden"
     assert bool(batch.real.any())
     model.learn_offline(2, log_interval=0)
+
+
+def test_episodes_spread_over_env_columns_and_time_limits_follow_handle_timeout_termination() -> None:
+    """With several envs, episodes go to the column given the fewest rows so far; with
+    handle_timeout_termination=False a truncated episode is stored as terminated, as online."""
+    episodes = scripted_episodes(6)
+    env = make_vec_env(lambda: PrevRewardWrapper(MarkedEnv()), n_envs=2)
+    model = model_for(env, buffer_size=200)
+    model.add_dataset(episodes)
+    spans = model.replay_buffer.index.spans()
+    per_column = [int(spans.n_obs[spans.cols == c].sum()) for c in (0, 1)]
+    assert sorted(spans.cols.tolist()) == [0, 0, 0, 1, 1, 1] and abs(per_column[0] - per_column[1]) <= 6
+    stored = sorted(model.replay_buffer.rollouts(), key=lambda r: int(r.observations["observation"][0, 0]))
+    for episode, rollout in zip(episodes, stored):
+        np.testing.assert_array_equal(rollout.observations["observation"], episode["observations"])
+    truncated = [e for e in episodes if e["truncations"][-1] and not e["terminations"][-1]]
+    assert truncated, "the scripted episodes include time-limit ends"
+    strict = marked_model(replay_buffer_kwargs={"handle_timeout_termination": False})
+    strict.add_dataset(truncated)
+    assert all(r.terminated and not r.truncated for r in strict.replay_buffer.rollouts())
+    with pytest.raises(ValueError, match=r"2 env columns of 100 rows"):
+        model.add_dataset(scripted_episodes(50))

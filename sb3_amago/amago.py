@@ -5,19 +5,23 @@ import contextlib
 import dataclasses
 import functools
 import pathlib
-from typing import Any, ClassVar, TypeVar
+import time
+import warnings
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback, ProgressBarCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.noise import ActionNoise
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import save_to_pkl
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq
+from stable_baselines3.common.utils import configure_logger
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_amago.arguments import (
@@ -31,15 +35,36 @@ from sb3_amago.arguments import (
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.checkpoint import check_model_file, read_replay, run_state, set_run_state, write_atomically
+from sb3_amago.datasets import dataset_rollouts, write_minari_dataset
 from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.interrupt import sigterm_raises_interrupt
-from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, target_values
+from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, behaviour_cloning_loss, target_values
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.relabel import visible_space
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
 
+if TYPE_CHECKING:  # pragma: no cover
+    from minari import MinariDataset
+
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
+
+
+class UpdatesProgressBar(ProgressBarCallback):
+    """SB3's progress bar counting the updates of :meth:`AMAGO.learn_offline` (one per callback step)."""
+
+    def _on_training_start(self) -> None:
+        from tqdm import TqdmExperimentalWarning
+        from tqdm.rich import tqdm
+
+        with warnings.catch_warnings():  # as SB3's progress bar: rich's tqdm is marked experimental
+            warnings.simplefilter("ignore", TqdmExperimentalWarning)
+            self.pbar = tqdm(total=self.locals["gradient_steps"])
+
+    def _on_step(self) -> bool:
+        self.pbar.update(1)
+        return True
+
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
 
@@ -59,8 +84,8 @@ class AMAGO(OffPolicyAlgorithm):
     :param n_critics: critics in the ensemble (``policy_kwargs=dict(n_critics=...)``, as SAC and TQC
         take it, sets it too)
     :param n_target_critics: the loss settings ``n_target_critics``, ``reward_multiplier``,
-        ``critic_weight``, ``pg_weight``, ``bc_weight``, ``filter_kind``, ``filter_beta`` and
-        ``filter_clip``: see :class:`~sb3_amago.loss.LossConfig`, which documents them and holds their
+        ``critic_weight``, ``pg_weight``, ``bc_weight``, ``filter_kind``, ``filter_beta``,
+        ``filter_clip``, ``n_step`` (n-step TD targets) and ``pure_bc`` (behaviour cloning alone): see :class:`~sb3_amago.loss.LossConfig`, which documents them and holds their
         defaults (the model keeps them as attributes, so ``load(..., reward_multiplier=...)`` changes them)
     :param max_grad_norm: gradient-norm clip
     :param warmup_steps: linear learning-rate warm-up (updates)
@@ -120,6 +145,8 @@ class AMAGO(OffPolicyAlgorithm):
         filter_kind: str = LOSS_DEFAULTS.filter_kind,
         filter_beta: float = LOSS_DEFAULTS.filter_beta,
         filter_clip: float = LOSS_DEFAULTS.filter_clip,
+        n_step: int = LOSS_DEFAULTS.n_step,
+        pure_bc: bool = LOSS_DEFAULTS.pure_bc,
         max_grad_norm: float = 1.0,
         warmup_steps: int = 500,
         epsilon_start: float = 1.0,
@@ -381,9 +408,12 @@ class AMAGO(OffPolicyAlgorithm):
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             with autocast:
                 states = self._encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
-                target = target_values(self.policy, batch, states, loss_config)  # (B, L, G)
-                self.policy.popart.update_stats(target, batch.real[:, 1:])
-                loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
+                if loss_config.pure_bc:
+                    loss, stats = behaviour_cloning_loss(self.policy, batch, states)
+                else:
+                    target = target_values(self.policy, batch, states, loss_config)  # (B, L, G)
+                    self.policy.popart.update_stats(target, batch.real[:, 1:])
+                    loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
@@ -394,6 +424,114 @@ class AMAGO(OffPolicyAlgorithm):
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().float()
         self._log_train_stats({k: v / gradient_steps for k, v in sums.items()}, optimizer.param_groups[0]["lr"])
+
+    # ----------------------------------------------------------------------------------------
+    # Learning from data
+    # ----------------------------------------------------------------------------------------
+    def add_dataset(self, dataset: "MinariDataset | Iterable[Any]", protected: bool = False) -> None:
+        """Store a dataset's episodes in the replay, each as a whole rollout (see :mod:`sb3_amago.datasets`).
+
+        Everything is checked before anything is stored, and on error (a ValueError naming the
+        episode, or both spaces) the replay is unchanged: the spaces (a Minari dataset's against
+        the model's; observations may lack the ``prev_reward`` the model expects, which is then
+        built from the rewards), each episode's array lengths (``T + 1`` observations, ``T`` of
+        the rest), NaN and values outside the spaces, an end that is a termination or a time limit
+        at the last step only, and the replay's room for the whole dataset.
+
+        Episodes stored unprotected go into the rings, where newer data evicts them like collected
+        data; the rollouts running there end (the next ``learn`` starts its envs afresh). Protected
+        ones are never evicted (they take memory beside the rings, at most ``buffer_size`` rows in
+        all); ``replay_buffer_kwargs=dict(protected_share=...)`` sets their share of each batch.
+
+        :param dataset: a ``minari.MinariDataset`` (``minari.load_dataset(...)``), or an iterable of
+            episodes: Minari's ``EpisodeData`` or mappings with ``observations``, ``actions`` (in the
+            env's format), ``rewards``, ``terminations`` and ``truncations``
+        :param protected: keep the episodes out of eviction (demonstrations kept for a whole run)
+        """
+        replay = self.replay_buffer
+        if not isinstance(replay, TrajectoryReplayBuffer):
+            raise ValueError(f"add_dataset stores rollouts in a TrajectoryReplayBuffer, not a {type(replay).__name__}")
+        capacity = replay.buffer_size * replay.n_envs
+        rollouts, names = dataset_rollouts(dataset, replay.observation_space, self.policy.action_type, capacity)
+        replay.add_rollouts(rollouts, protected=protected, names=names)
+        if not protected:  # the replay ended its running rollouts: the envs start afresh, as after an interrupt
+            self._last_obs = None
+            self._collect_state = None
+
+    def save_dataset(self, dataset_id: str, **minari_kwargs: Any) -> "MinariDataset":
+        """Write the replay's finished rollouts (the protected ones first; running rollouts and those
+        that lost their beginning to eviction are left out) as the Minari dataset ``dataset_id``, in
+        Minari's local datasets folder (``MINARI_DATASETS_PATH``). ``add_dataset`` reads it back as
+        the same rollouts. ``minari_kwargs`` go to ``minari.create_dataset_from_buffers``
+        (``author``, ``description``, ``env``, ...).
+
+        :return: the new ``minari.MinariDataset``
+        """
+        rollouts = self.replay_buffer.rollouts()
+        if not rollouts:
+            raise ValueError("The replay holds no finished rollout to write: collect or add episodes first.")
+        return write_minari_dataset(
+            dataset_id, rollouts, self.replay_buffer.observation_space, self.policy.action_type, **minari_kwargs
+        )
+
+    def learn_offline(
+        self: SelfAMAGO,
+        gradient_steps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 100,
+        tb_log_name: str = "AMAGO",
+        progress_bar: bool = False,
+    ) -> SelfAMAGO:
+        """Train on what the replay holds, with no env steps: ``gradient_steps`` updates of
+        ``batch_size`` windows, with SB3's logging, callbacks and progress bar.
+
+        Each update is one callback step (an ``EvalCallback``'s ``eval_freq`` counts updates; it
+        evaluates in its own env, and ``num_timesteps`` stays as it is); the logs are dumped every
+        ``log_interval`` updates and at the end, at step ``n_updates``. The learning-rate schedule
+        runs over the ``gradient_steps``. A later ``learn`` continues online from the same replay,
+        optimizer and update count (offline-to-online: set ``learning_starts`` and the exploration
+        for it). KeyboardInterrupt and SIGTERM stop it as they stop ``learn``.
+
+        :raises ValueError: if the replay holds nothing to train on, or with ``distributed``
+        """
+        if self.distributed:
+            raise ValueError("learn_offline runs in one process: build the model with distributed=False.")
+        if self.replay_buffer.num_rollouts() == 0:
+            raise ValueError("The replay holds nothing to train on: add_dataset(...) first.")
+        if int(gradient_steps) < 1:
+            raise ValueError(f"gradient_steps must be >= 1, got {gradient_steps}")
+        self.start_time = time.time_ns()
+        first_update = self._n_updates
+        if not self._custom_logger:
+            self._logger = configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps=True)
+        if isinstance(callback, list):
+            callback = CallbackList(callback)
+        if callback is not None and not isinstance(callback, BaseCallback):
+            callback = ConvertCallback(callback)
+        if progress_bar:  # SB3's bar counts env steps: this one counts updates
+            callback = CallbackList([c for c in (callback, UpdatesProgressBar()) if c is not None])
+        callback = self._init_callback(callback)
+        callback.on_training_start(locals(), globals())
+        with sigterm_raises_interrupt():
+            for step in range(int(gradient_steps)):
+                self._current_progress_remaining = 1.0 - step / int(gradient_steps)
+                self.train(gradient_steps=1, batch_size=self.batch_size)
+                callback.update_locals(locals())
+                stop = not callback.on_step()
+                done = stop or step + 1 == int(gradient_steps)
+                if log_interval and ((step + 1) % log_interval == 0 or done):
+                    self._dump_offline_logs(first_update)
+                if stop:
+                    break
+        callback.on_training_end()
+        return self
+
+    def _dump_offline_logs(self, first_update: int) -> None:
+        elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
+        self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
+        self.logger.record("time/updates_per_second", int((self._n_updates - first_update) / elapsed))
+        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+        self.logger.dump(step=self._n_updates)
 
     def _log_train_stats(self, stats: dict[str, th.Tensor], lr: float) -> None:
         record = self.logger.record

@@ -6,6 +6,7 @@ hands sampled rollouts to a relabeler.
 """
 
 import warnings
+from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -16,8 +17,8 @@ from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_amago.keys import OBS_KEY
-from sb3_amago.relabel import Relabeler
-from sb3_amago.relabel_windows import relabeled_windows
+from sb3_amago.relabel import Relabeler, Rollout
+from sb3_amago.relabel_windows import read_rollout, relabeled_windows
 from sb3_amago.rollout_index import RolloutIndex, Spans
 from sb3_amago.type_aliases import ReplayStore, TrajectoryBatch, Windows
 from sb3_amago.validation import StepLayout
@@ -33,7 +34,9 @@ except ImportError:  # pragma: no cover
 # upgrade the earlier layouts in TrajectoryReplayBuffer.__setstate__ where the data allows it.
 # Version 2: the rollout bookkeeping in a RolloutIndex, the step shapes in a StepLayout (version 1
 # kept both as attributes of the buffer, and is upgraded when unpickled).
-REPLAY_FORMAT_VERSION = 2
+# Version 3: protected rollouts, in a store of their own beside the rings, and protected_share
+# (version 2 had neither, and is upgraded when unpickled).
+REPLAY_FORMAT_VERSION = 3
 
 
 class TrajectoryReplayBuffer(ReplayBuffer):
@@ -60,8 +63,14 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     previous ``add`` gave for that env (the env was reset behind the buffer's back, as a new
     ``learn`` call does) closes it as still running and starts a new one.
 
-    Sampling: rollouts uniformly (or in proportion to their length), those still running
-    included; a window of up to ``max_seq_len + 1`` observations at a uniformly drawn start
+    Datasets: :meth:`add_rollouts` stores whole finished rollouts at once, each validated as the
+    steps of ``add`` are. Into the rings (evicted like collected ones), or, ``protected``, into a
+    store beside them that eviction never touches (its rows add to the replay's memory; it holds
+    at most ``buffer_size`` rows).
+
+    Sampling: rollouts uniformly (or in proportion to their length), those still running and the
+    protected ones included (or, with ``protected_share``, that share of each batch from the
+    protected rollouts and the rest from the others); a window of up to ``max_seq_len + 1`` observations at a uniformly drawn start
     (every start reachable; a rollout shorter than that is taken whole); windows padded on the
     right to the longest in the batch. Randomness comes from the global ``np.random``, as in SB3.
     Storage is allocated on the first ``add``. ``hidden_keys`` lists the observation keys dropped
@@ -79,6 +88,9 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     :param relabeler: applied to every sampled rollout before its window is cut; the observation
         keys it hides are dropped from the batch
     :param sample_by_length: draw rollouts in proportion to their length instead of uniformly
+    :param protected_share: if set, the share of each batch drawn from the protected rollouts
+        (rounded to whole windows; all of it while only protected rollouts are stored, none while
+        there are none), the rest from the other rollouts; None: every rollout alike
     """
 
     def __init__(
@@ -93,6 +105,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         max_seq_len: int = 64,
         relabeler: Relabeler | None = None,
         sample_by_length: bool = False,
+        protected_share: float | None = None,
     ) -> None:
         # ReplayBuffer.__init__ would allocate every array now: skip it, storage waits for the first add.
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -111,6 +124,9 @@ class TrajectoryReplayBuffer(ReplayBuffer):
             raise ValueError(f"buffer_size must hold at least 2 rows per env, got {buffer_size} for {n_envs} envs")
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        if protected_share is not None and not 0.0 <= float(protected_share) <= 1.0:
+            raise ValueError(f"protected_share must lie in [0, 1] (a share of each batch), got {protected_share}")
+        self.protected_share = None if protected_share is None else float(protected_share)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
         self.max_seq_len = int(max_seq_len)
@@ -127,9 +143,11 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.reset()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickle, upgrading the layout of format version 1 (see :data:`REPLAY_FORMAT_VERSION`)."""
+        """Unpickle, upgrading the layouts of format versions 1 and 2 (see :data:`REPLAY_FORMAT_VERSION`)."""
         if state.get("format_version") == 1:
             state = upgraded_from_version_1(state)
+        if state.get("format_version") == 2:
+            state = {**state, "_protected": None, "protected_share": None, "format_version": REPLAY_FORMAT_VERSION}
         self.__dict__.update(state)
 
     # ------------------------------------------------------------------ storage
@@ -155,6 +173,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.dones: np.ndarray | None = None  # type: ignore[assignment]
         self.timeouts: np.ndarray | None = None  # type: ignore[assignment]
         self.time_steps: np.ndarray | None = None
+        self._protected: ReplayStore | None = None  # the protected rollouts' storage, one column
         self.index = RolloutIndex(self.n_envs, self.buffer_size)
         # Per env column (SB3's buffers keep one int and one bool for all columns).
         self.pos = np.zeros(self.n_envs, dtype=np.int64)  # type: ignore[assignment]
@@ -182,11 +201,21 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         assert self.dones is not None and self.timeouts is not None and self.time_steps is not None
         return ReplayStore(self._obs, self.actions, self.rewards, self.dones, self.timeouts, self.time_steps)
 
+    def store_of(self, protected: bool) -> tuple[ReplayStore, int]:
+        """The storage of the rings (``protected`` False) or of the protected rollouts, and its rows per column."""
+        if not protected:
+            return self.store(), self.buffer_size
+        if self._protected is None:
+            raise RuntimeError("The replay buffer holds no protected rollouts.")
+        return self._protected, len(self._protected.rewards)
+
     def nbytes(self) -> int:
-        """Bytes held by the storage and the rollout table (0 before the first add)."""
+        """Bytes held by the storage and the rollout tables (0 before the first add)."""
         arrays = [self.actions, self.rewards, self.dones, self.timeouts, self.time_steps, self.index.table]
         if self._obs is not None:
             arrays += list(self._obs.values())
+        if self._protected is not None:
+            arrays += [*self._protected.obs.values(), *self._protected[1:]]
         return int(sum(array.nbytes for array in arrays if array is not None))
 
     # ------------------------------------------------------------------ adding
@@ -235,6 +264,110 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         self.pos = self.index.pos()  # type: ignore[assignment]  # per column, see reset
         self.full = self.index.full()  # type: ignore[assignment]
 
+    def add_rollouts(self, rollouts: Sequence[Rollout], protected: bool = False, names: Sequence[str] | None = None) -> None:
+        """Store whole finished rollouts (a dataset's episodes), each as a rollout of its own.
+
+        Every rollout is validated first (:meth:`~sb3_amago.validation.StepLayout.validate_rollout`:
+        shapes, values in the spaces, finite, an end that is a termination or a time limit) and the
+        replay is checked to hold them all; only then is anything stored, so on error the replay is
+        unchanged. Into the rings, the rollouts are spread over the env columns (each column's
+        running rollout ends there, unfinished); ``protected``, they go to the protected store.
+
+        :param rollouts: ``T + 1`` observations key by key (:data:`~sb3_amago.keys.OBS_KEY` for a
+            non-Dict space), ``T`` actions in the buffer representation and ``T`` rewards each
+        :param protected: keep them out of eviction
+        :param names: what error messages call each rollout (default ``rollout <i>``)
+        :raises ValueError: naming the rollout and the problem, or the capacity it exceeds
+        """
+        labels = list(names) if names is not None else [f"rollout {i}" for i in range(len(rollouts))]
+        checked = []
+        for label, rollout in zip(labels, rollouts, strict=True):
+            try:
+                checked.append(self.layout.validate_rollout(rollout))
+            except ValueError as exc:
+                raise ValueError(f"{label}: {str(exc).rstrip('.')}. Nothing was stored.") from None
+        n_obs = np.array([rollout.length + 1 for rollout in checked], dtype=np.int64)
+        if protected:
+            held = self.index.protected_rows()
+            if held + n_obs.sum() > self.buffer_size * self.n_envs:
+                raise ValueError(
+                    f"The {len(checked)} rollouts take {n_obs.sum()} rows (one per observation, the final one included), "
+                    f"and the protected rollouts already stored {held}: more than the replay holds "
+                    f"(buffer_size={self.buffer_size * self.n_envs}). Raise buffer_size or store fewer. Nothing was stored."
+                )
+        else:
+            columns = self._columns_for(n_obs)
+        if not checked:
+            return
+        if self._obs is None:
+            self._allocate()
+        if protected:
+            self._store_protected(checked, n_obs)
+        else:
+            self.end_running_rollouts()
+            store = self.store()
+            for rollout, col in zip(checked, columns):
+                start = self.index.append(int(col), rollout.length + 1)
+                store_rollout(store, self.buffer_size, int(col), start, rollout)
+            self.pos = self.index.pos()  # type: ignore[assignment]  # per column, see reset
+            self.full = self.index.full()  # type: ignore[assignment]
+
+    def _columns_for(self, n_obs: np.ndarray) -> np.ndarray:
+        """The env column of each rollout of ``n_obs`` observations: each to the column given the fewest
+        rows so far; a ValueError unless every column's rollouts fit in it (none evicts another)."""
+        given = np.zeros(self.n_envs, dtype=np.int64)
+        columns = np.zeros(len(n_obs), dtype=np.int64)
+        for i, n in enumerate(n_obs):
+            columns[i] = int(np.argmin(given))
+            given[columns[i]] += n
+        if len(n_obs) and given.max() > self.buffer_size:
+            longest = int(n_obs.max())
+            raise ValueError(
+                f"The {len(n_obs)} rollouts take {n_obs.sum()} rows (one per observation, the final one included; "
+                f"the longest {longest}), more than the replay holds without evicting some of them "
+                f"(buffer_size={self.buffer_size * self.n_envs}: {self.n_envs} env columns of {self.buffer_size} rows). "
+                "Raise buffer_size or store fewer. Nothing was stored."
+            )
+        return columns
+
+    def _store_protected(self, rollouts: list[Rollout], n_obs: np.ndarray) -> None:
+        """Append ``rollouts`` to the protected store (grown to hold them) and record them in the index."""
+        held, rows = self.index.protected_rows(), self.index.protected_rows() + int(n_obs.sum())
+        ring, old = self.store(), self._protected
+
+        def grown(like: np.ndarray, before: np.ndarray | None) -> np.ndarray:
+            array = np.zeros((rows, 1, *like.shape[2:]), dtype=like.dtype)
+            if before is not None:
+                array[:held] = before
+            return array
+
+        store = ReplayStore(
+            obs={key: grown(like, None if old is None else old.obs[key]) for key, like in ring.obs.items()},
+            actions=grown(ring.actions, None if old is None else old.actions),
+            rewards=grown(ring.rewards, None if old is None else old.rewards),
+            dones=grown(ring.dones, None if old is None else old.dones),
+            timeouts=grown(ring.timeouts, None if old is None else old.timeouts),
+            time_steps=grown(ring.time_steps, None if old is None else old.time_steps),
+        )
+        for rollout in rollouts:
+            store_rollout(store, rows, 0, self.index.add_protected(rollout.length + 1), rollout)
+        self._protected = store
+
+    def rollouts(self) -> list[Rollout]:
+        """Copies of every whole finished rollout the replay holds, the protected ones first (running
+        rollouts and rollouts that lost their beginning to eviction are left out)."""
+        keys = self.obs_keys
+        out = []
+        for protected, spans in ((True, self.index.protected_spans()), (False, self.index.spans())):
+            if len(spans.cols) == 0:
+                continue
+            store, rows = self.store_of(protected)
+            for col, row, first, n in zip(spans.cols, spans.first_rows, spans.first, spans.n_obs):
+                rollout = read_rollout(store, rows, int(col), int(row), int(n), keys)
+                if first == 0 and rollout.start_time == 0 and (rollout.terminated or rollout.truncated):
+                    out.append(rollout)
+        return out
+
     def end_running_rollouts(self) -> None:
         """End every env's running rollout where it stands, unfinished (the envs are restarting):
         each env's next step starts a new rollout."""
@@ -268,16 +401,19 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         length = np.minimum(available, self.max_seq_len + 1)
         return first + np.random.randint(0, available - length + 1), length
 
-    def gather(self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str]) -> Windows:
-        """Windows of ``length`` ``(B,)`` observations from absolute rows ``starts`` ``(B,)`` of columns ``cols``.
+    def gather(
+        self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str], protected: bool = False
+    ) -> Windows:
+        """Windows of ``length`` ``(B,)`` observations from absolute rows ``starts`` ``(B,)`` of columns
+        ``cols`` (of the protected store if ``protected``).
 
         One gather per array over a ``(B, L + 2)`` grid of rows: the row before each window (for the
         previous action, reward and end flags) and the window, padding repeating its last row.
         """
+        store, ring_rows = self.store_of(protected)
         steps = np.arange(-1, int(length.max()))
-        rows = (starts[:, None] + np.minimum(steps, length[:, None] - 1)) % self.buffer_size
+        rows = (starts[:, None] + np.minimum(steps, length[:, None] - 1)) % ring_rows
         col = cols[:, None]
-        store = self.store()
         time_idx = store.time_steps[rows[:, 1:], col].astype(np.int64)
         started = time_idx > 0
         actions = store.actions[rows, col].astype(np.float32)
@@ -303,17 +439,39 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         :param env: a VecNormalize to normalise observations and rewards with, as SB3 does
         :return: tensors on the buffer's device, padded to the longest window in the batch
         """
-        spans = self.index.spans()
-        if len(spans.cols) == 0:
+        spans, protected = self.index.spans(), self.index.protected_spans()
+        if len(spans.cols) + len(protected.cols) == 0:
             raise ValueError("The replay buffer holds no rollout yet: add steps before sampling.")
-        spans = spans.take(self._pick(spans, batch_size))
+        if len(protected.cols) == 0:
+            windows = self._windows(spans.take(self._pick(spans, batch_size)), protected=False)
+        else:
+            ring_picked, protected_picked = self._pick_with_protected(spans, protected, batch_size)
+            parts = [
+                self._windows(part.take(picked), protected=kind)
+                for part, picked, kind in ((spans, ring_picked, False), (protected, protected_picked, True))
+                if len(picked)
+            ]
+            windows = concatenated(parts)
+        return self._to_batch(windows, env)
+
+    def _windows(self, spans: Spans, protected: bool) -> Windows:
+        """One window of each rollout of ``spans`` (of the protected store if ``protected``), relabeled if the replay relabels."""
         if self.relabeler is None:
             offsets, length = self.draw_windows(spans.n_obs, spans.first)
             keys = [key for key in self.obs_keys if key not in self.hidden_keys]
-            windows = self.gather(spans.cols, spans.first_rows + offsets, length, keys)
-        else:
-            windows = relabeled_windows(self, self.relabeler, spans)
-        return self._to_batch(windows, env)
+            return self.gather(spans.cols, spans.first_rows + offsets, length, keys, protected)
+        return relabeled_windows(self, self.relabeler, spans, protected)
+
+    def _pick_with_protected(self, spans: Spans, protected: Spans, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Indices of the drawn rollouts among ``spans`` and among the ``protected`` ones: ``protected_share``
+        of the batch from the protected ones (while there are others), else all rollouts alike."""
+        if self.protected_share is not None and len(spans.cols):
+            n_protected = round(self.protected_share * batch_size)
+            return self._pick(spans, batch_size - n_protected), self._pick(protected, n_protected)
+        both = Spans(*(np.concatenate(pair) for pair in zip(spans, protected)))
+        picked = self._pick(both, batch_size)
+        n_ring = len(spans.cols)
+        return picked[picked < n_ring], picked[picked >= n_ring] - n_ring
 
     def _pick(self, spans: Spans, batch_size: int) -> np.ndarray:
         """``(batch_size,)`` indices of the drawn rollouts: uniformly, or in proportion to their length."""
@@ -360,6 +518,43 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         )
 
 
+def store_rollout(store: ReplayStore, ring_rows: int, col: int, start: int, rollout: Rollout) -> None:
+    """Write a validated finished ``rollout`` into column ``col`` of ``store`` from absolute row ``start``
+    (rings of ``ring_rows`` rows), as ``add`` would have stored its steps one by one."""
+    n = rollout.length
+    rows = (start + np.arange(n + 1)) % ring_rows
+    for key, array in store.obs.items():
+        array[rows, col] = rollout.observations[key]
+    store.actions[rows[:-1], col] = rollout.actions
+    store.rewards[rows[:-1], col] = rollout.rewards
+    store.dones[rows[:-1], col] = np.arange(n) == n - 1
+    store.timeouts[rows[:-1], col] = (np.arange(n) == n - 1) & rollout.truncated
+    for array in (store.actions, store.rewards, store.dones, store.timeouts):
+        array[rows[-1], col] = 0
+    store.time_steps[rows, col] = np.arange(n + 1)
+
+
+def concatenated(parts: list[Windows]) -> Windows:
+    """The windows of ``parts`` as one batch, in order, padded on the right to the widest."""
+    width = max(part.real.shape[1] for part in parts)
+
+    def padded(array: np.ndarray) -> np.ndarray:
+        pad = [(0, 0), (0, width - array.shape[1])] + [(0, 0)] * (array.ndim - 2)
+        return np.pad(array, pad)
+
+    def joined(field: str) -> np.ndarray:
+        return np.concatenate([padded(getattr(part, field)) for part in parts])
+
+    keys = parts[0].observations
+    return Windows(
+        observations={key: np.concatenate([padded(part.observations[key]) for part in parts]) for key in keys},
+        **{
+            field: joined(field)
+            for field in ("actions", "prev_actions", "rewards", "terminated", "truncated", "time_idx", "real")
+        },
+    )
+
+
 def step_layout(
     observation_space: spaces.Space, action_space: spaces.Space, action_dim: int, n_envs: int, handle_timeouts: bool
 ) -> StepLayout:
@@ -371,7 +566,7 @@ def step_layout(
 
 
 def upgraded_from_version_1(state: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 replay's pickled attributes in the current layout (the same rollouts and data)."""
+    """A version-1 replay's pickled attributes in the version-2 layout (the same rollouts and data)."""
     state = dict(state)
     index = RolloutIndex(state["n_envs"], state["buffer_size"])
     index.head, index.time, index.running = state.pop("_head"), state.pop("_time"), state.pop("_running")
@@ -385,5 +580,5 @@ def upgraded_from_version_1(state: dict[str, Any]) -> dict[str, Any]:
         state["n_envs"],
         state["handle_timeout_termination"],
     )
-    state["format_version"] = REPLAY_FORMAT_VERSION
+    state["format_version"] = 2
     return state

@@ -1,5 +1,6 @@
 """AMAGO's single training loss: multi-gamma critic regression with PopArt, the policy-gradient
-term through frozen critics, and filtered behaviour cloning, over one shared sequence model.
+term through frozen critics, and filtered behaviour cloning, over one shared sequence model; and
+pure behaviour cloning (``pure_bc``), the offline-RL baseline, in its place.
 
 Shapes: ``B`` windows of ``L + 1`` steps; the loss lives on the first ``L`` positions and
 bootstraps from the next one. ``C`` critics, ``G`` discount factors (main gamma last).
@@ -30,6 +31,10 @@ class LossConfig:
     :param filter_kind: "binary" (1[A > 0]) or "exp" (exp(beta A) clipped)
     :param filter_beta: temperature of the "exp" filter
     :param filter_clip: upper clip of the "exp" filter
+    :param n_step: TD targets over ``n`` steps of rewards before bootstrapping (within the sampled
+        window: fewer where the window or the rollout ends first); 1 is the one-step target
+    :param pure_bc: train by behaviour cloning alone: the mean log-likelihood of every buffer action,
+        weight 1, no critic regression, no policy gradient (the weights above and the filter are unused)
     """
 
     reward_multiplier: float = 10.0
@@ -40,12 +45,16 @@ class LossConfig:
     filter_kind: str = "binary"
     filter_beta: float = 1.0
     filter_clip: float = 100.0
+    n_step: int = 1
+    pure_bc: bool = False
 
     def __post_init__(self) -> None:
         if self.filter_kind not in ("binary", "exp"):
             raise ValueError(f"filter_kind must be 'binary' or 'exp', got {self.filter_kind!r}")
         if self.n_target_critics < 1:
             raise ValueError(f"n_target_critics must be >= 1, got {self.n_target_critics}")
+        if int(self.n_step) != self.n_step or self.n_step < 1:
+            raise ValueError(f"n_step must be an integer >= 1 (1: one-step TD targets), got {self.n_step}")
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> "LossConfig":
@@ -72,18 +81,64 @@ def pick_critics(q: th.Tensor, n: int, reduce_min: bool) -> th.Tensor:
     return chosen.min(2).values if reduce_min else chosen.mean(2)
 
 
-def td_target(q_next: th.Tensor, reward: th.Tensor, terminated: th.Tensor, gammas: th.Tensor, cfg: LossConfig) -> th.Tensor:
+def td_target(
+    q_next: th.Tensor,
+    reward: th.Tensor,
+    terminated: th.Tensor,
+    gammas: th.Tensor,
+    cfg: LossConfig,
+    real_next: th.Tensor | None = None,
+) -> th.Tensor:
     """``y = k r + gamma (1 - d) q`` per (b, t, g), with ``q`` the min (mean when the policy-gradient
-    weight is 0) of ``cfg.n_target_critics`` critics drawn with replacement.
+    weight is 0) of ``cfg.n_target_critics`` critics drawn with replacement; with ``cfg.n_step`` > 1
+    the n-step target of :func:`n_step_target`.
 
     :param q_next: ``(B, L, C, G)`` denormalised target-critic values at ``s_{t+1}``
     :param reward: ``(B, L)`` reward received on arriving at ``s_{t+1}``
     :param terminated: ``(B, L)`` 1 where ``s_{t+1}`` is terminal
     :param gammas: ``(G,)``
+    :param real_next: ``(B, L)`` ``s_{t+1}`` is a real step (needed for ``n_step`` > 1)
     :return: ``(B, L, G)``
     """
     q = pick_critics(q_next, cfg.n_target_critics, reduce_min=cfg.pg_weight > 0)
+    if cfg.n_step > 1:
+        if real_next is None:
+            raise ValueError("n-step targets need real_next, the real steps of the window")
+        return n_step_target(q, reward, terminated, real_next, gammas, cfg.n_step, cfg.reward_multiplier)
     return cfg.reward_multiplier * reward.unsqueeze(-1) + gammas * (1.0 - terminated.unsqueeze(-1)) * q
+
+
+def n_step_target(
+    q: th.Tensor, reward: th.Tensor, terminated: th.Tensor, real_next: th.Tensor, gammas: th.Tensor, n: int, k: float
+) -> th.Tensor:
+    """The n-step TD target inside the window, per (b, t, g)::
+
+        y_t = k * sum_{j < m} gamma^j r_{t+1+j}  +  gamma^m (1 - d_{t+m}) q(s_{t+m}),   m = min(n, T_b - t)
+
+    where ``T_b`` is the number of real next steps of window ``b`` (the real steps are a prefix, and
+    a rollout's end, terminal or not, is its last real step): the sum stops at the window's end or
+    the rollout's, and bootstraps from the last step it reached (not at all from a terminal one).
+    Positions without a real next step get a value that the loss masks out.
+
+    :param q: ``(B, L, G)`` target values at ``s_{t+1}`` (index ``t`` holds ``q(s_{t+1})``)
+    :param reward: ``(B, L)`` reward received on arriving at ``s_{t+1}``
+    :param terminated: ``(B, L)`` 1 where ``s_{t+1}`` is terminal
+    :param real_next: ``(B, L)`` ``s_{t+1}`` is a real step
+    :param gammas: ``(G,)``
+    :return: ``(B, L, G)``
+    """
+    B, L, G = q.shape
+    position = th.arange(L, device=q.device)
+    steps = (real_next.sum(1, keepdim=True) - position).clamp(1, n)  # (B, L): m
+    returns = th.zeros_like(q)
+    for j in range(n):
+        later = th.zeros_like(reward)
+        later[:, : L - j] = reward[:, j:]  # r_{t+1+j}
+        returns = returns + (j < steps).unsqueeze(-1) * gammas**j * later.unsqueeze(-1)
+    last = (position + steps - 1).clamp(max=L - 1)  # index of q(s_{t+m})
+    q_last = q.gather(1, last.unsqueeze(-1).expand(B, L, G))
+    d_last = terminated.gather(1, last).unsqueeze(-1)
+    return k * returns + gammas ** steps.unsqueeze(-1).to(q.dtype) * (1.0 - d_last) * q_last
 
 
 def bc_filter(advantage: th.Tensor, cfg: LossConfig) -> th.Tensor:
@@ -105,7 +160,7 @@ def target_values(policy: TransformerPolicy, batch: TrajectoryBatch, states: th.
         next_action = actions.policy_action(policy.actor_target(s_next))
         q_next = policy.popart.denormalize(actions.critic_values(policy.critics_target, s_next, next_action))  # (B, L, C, G)
         gammas = policy.gamma_values.to(states.dtype)  # (G,)
-        return td_target(q_next, batch.rewards[:, 1:], batch.terminated[:, 1:], gammas, cfg)
+        return td_target(q_next, batch.rewards[:, 1:], batch.terminated[:, 1:], gammas, cfg, batch.real[:, 1:])
 
 
 def amago_loss(
@@ -157,6 +212,24 @@ def amago_loss(
             "q_mean": _per_gamma_mean(q_denorm, real_next),
         }
     return loss, stats
+
+
+def behaviour_cloning_loss(
+    policy: TransformerPolicy, batch: TrajectoryBatch, states: th.Tensor
+) -> tuple[th.Tensor, dict[str, Any]]:
+    """Pure behaviour cloning (``LossConfig.pure_bc``): minus the mean log-likelihood of every buffer
+    action under the actor (every gamma head), over the positions whose next step is real; and the
+    statistics to log. No critic or target is involved.
+
+    :param states: ``(B, L + 1, D)``, the encoder's output on the batch
+    """
+    actions = policy.action_type
+    real_next = batch.real[:, 1:]
+    actor_out = policy.actor(states[:, :-1])
+    bc_loss = -masked_mean(actions.log_prob(actor_out, batch.actions[:, :-1]), real_next)
+    with th.no_grad():
+        stats = {"bc_loss": bc_loss.detach(), "entropy": masked_mean(actions.entropy(actor_out)[..., -1], real_next)}
+    return bc_loss, stats
 
 
 def _per_gamma_mean(x: th.Tensor, real: th.Tensor) -> th.Tensor:

@@ -28,7 +28,8 @@ STRATEGIES = ("some", "all", "none")
 
 @dataclass
 class Rollout:
-    """One rollout of ``T`` transitions, a fresh copy read from the replay buffer.
+    """One rollout of ``T`` transitions: a fresh copy read from the replay buffer, or a dataset's
+    episode on its way in (:meth:`~sb3_amago.buffers.TrajectoryReplayBuffer.add_rollouts`).
 
     :param observations: ``{key: (T + 1, *shape)}``, observation ``t`` by key. Only the keys the
         relabeler reads (its ``keys``) are present; the buffer gathers the others for the sampled

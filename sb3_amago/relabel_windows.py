@@ -16,17 +16,18 @@ from sb3_amago.type_aliases import ReplayStore, Windows
 class SampledReplay(Protocol):
     """What the bridge reads of :class:`~sb3_amago.buffers.TrajectoryReplayBuffer`."""
 
-    buffer_size: int
     hidden_keys: tuple[str, ...]
 
     @property
     def obs_keys(self) -> list[str]: ...
 
-    def store(self) -> ReplayStore: ...
+    def store_of(self, protected: bool) -> tuple[ReplayStore, int]: ...
 
     def draw_windows(self, n_obs: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def gather(self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str]) -> Windows: ...
+    def gather(
+        self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str], protected: bool = False
+    ) -> Windows: ...
 
 
 def read_rollout(store: ReplayStore, rows: int, col: int, first_row: int, n_obs: int, keys: list[str]) -> Rollout:
@@ -67,19 +68,20 @@ def write_rollout(windows: Windows, index: int, rollout: Rollout, offset: int, l
         windows.truncated[index, length - 1] = float(rollout.truncated)
 
 
-def relabeled_windows(replay: SampledReplay, relabeler: Relabeler, spans: Spans) -> Windows:
-    """Relabel each drawn rollout of ``spans``, then cut its window: the relabeled keys, the actions
-    and the rewards come from the relabeled rollout, the other keys from storage."""
-    store = replay.store()
+def relabeled_windows(replay: SampledReplay, relabeler: Relabeler, spans: Spans, protected: bool = False) -> Windows:
+    """Relabel each drawn rollout of ``spans`` (the protected rollouts' if ``protected``), then cut its
+    window: the relabeled keys, the actions and the rewards come from the relabeled rollout, the
+    other keys from storage."""
+    store, rows = replay.store_of(protected)
     relabel_keys = [key for key in relabeler.keys if key in replay.obs_keys]
     rollouts = [
-        relabeler.relabel(read_rollout(store, replay.buffer_size, col, row, n, relabel_keys))
+        relabeler.relabel(read_rollout(store, rows, col, row, n, relabel_keys))
         for col, row, n in zip(spans.cols, spans.first_rows, spans.n_obs)
     ]
     offsets, length = replay.draw_windows(np.array([rollout.length + 1 for rollout in rollouts]), spans.first)
     visible = [key for key in replay.obs_keys if key not in replay.hidden_keys]
     windows = replay.gather(
-        spans.cols, spans.first_rows + offsets, length, [key for key in visible if key not in relabel_keys]
+        spans.cols, spans.first_rows + offsets, length, [key for key in visible if key not in relabel_keys], protected
     )
     for key in visible:
         if key in relabel_keys:

@@ -5,6 +5,9 @@ The replay keeps one ring of ``rows`` rows per env column. Rows are counted abso
 ever written to a column, so row ``r`` sits at ring position ``r % rows``); a column's oldest
 intact row is ``head - rows + 1``. A rollout is a run of consecutive rows of one column, from its
 first row to its end (exclusive): one row per observation, the newest included.
+
+Protected rollouts (stored from datasets with ``protected=True``) lie apart from the rings, in a
+store of their own that only grows: rows ``first .. end - 1`` of it, never evicted.
 """
 
 from typing import NamedTuple
@@ -55,6 +58,13 @@ class RolloutIndex:
         #: the first ``n_table`` entries are in use.
         self.table = np.zeros((0, 3), dtype=np.int64)
         self.n_table = 0
+        #: Protected rollouts ``(n, 2)``: first row and end row (exclusive) in the protected store.
+        self.protected = np.zeros((0, 2), dtype=np.int64)
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle; an index pickled before protected rollouts existed has none."""
+        state.setdefault("protected", np.zeros((0, 2), dtype=np.int64))
+        self.__dict__.update(state)
 
     def step(self, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Record one step of every env: columns without a running rollout start one, every column
@@ -83,6 +93,36 @@ class RolloutIndex:
     def end_rollouts(self, envs: np.ndarray | slice) -> None:
         """End the running rollouts of the columns ``envs`` where they stand (their next step starts a new one)."""
         self.running[envs] = -1
+
+    def append(self, env: int, n_obs: int) -> int:
+        """Record a whole finished rollout of ``n_obs`` observations written after column ``env``'s
+        newest row (its running rollout ends first); return the absolute row of its first observation."""
+        if n_obs > self.rows:
+            raise ValueError(f"A rollout of {n_obs} observations does not fit a column of {self.rows} rows")
+        self.running[env] = -1
+        start = int(self.head[env]) + 1
+        entry = self._new_rollout(env, start)  # may grow the table
+        self.table[entry, 2] = start + n_obs
+        self.head[env] = start + n_obs - 1
+        self.time[env] = n_obs - 1
+        return start
+
+    def add_protected(self, n_obs: int) -> int:
+        """Record a protected rollout of ``n_obs`` observations at the end of the protected store;
+        return the row of its first observation there."""
+        start = self.protected_rows()
+        self.protected = np.concatenate([self.protected, np.array([[start, start + n_obs]], dtype=np.int64)])
+        return start
+
+    def protected_rows(self) -> int:
+        """Rows the protected rollouts take."""
+        return int(self.protected[-1, 1]) if len(self.protected) else 0
+
+    def protected_spans(self) -> Spans:
+        """The protected rollouts, in the order they were added (column 0 of the protected store)."""
+        first, end = self.protected[:, 0], self.protected[:, 1]
+        zeros = np.zeros(len(first), dtype=np.int64)
+        return Spans(zeros, first.copy(), zeros.copy(), end - first)
 
     def pos(self) -> np.ndarray:
         """``(n_envs,)`` the ring position each column writes next (SB3's ``pos``, per column)."""
@@ -131,10 +171,11 @@ class RolloutIndex:
         return Spans(col, first_row, lost_start.astype(np.int64), end - first_row)
 
     def size(self) -> int:
-        """Number of transitions that can be sampled."""
+        """Number of transitions that can be sampled, the protected ones included."""
         spans = self.spans()
-        return int(np.sum(spans.n_obs - spans.first - 1))
+        protected = self.protected[:, 1] - self.protected[:, 0] - 1
+        return int(np.sum(spans.n_obs - spans.first - 1) + np.sum(protected))
 
     def num_rollouts(self) -> int:
-        """Number of rollouts that can be sampled, running ones included."""
-        return int(np.count_nonzero(self.live()))
+        """Number of rollouts that can be sampled, running and protected ones included."""
+        return int(np.count_nonzero(self.live())) + len(self.protected)

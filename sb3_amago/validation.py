@@ -1,6 +1,8 @@
 """Checks of the data that comes from envs, each in one place: :func:`check_finite` (NaN and
 infinite values, for the policy's inputs and the replay's), :func:`check_in_space` (values a
-space cannot hold) and :class:`StepLayout`, the one validation of each step the replay stores.
+space cannot hold) and :class:`StepLayout`, the one validation of each step the replay stores,
+whether it comes from an env one step at a time (:meth:`StepLayout.validate`) or from a dataset
+one whole rollout at a time (:meth:`StepLayout.validate_rollout`).
 """
 
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from sb3_amago.keys import OBS_KEY
+from sb3_amago.relabel import Rollout
 
 ENV_FIX = "fix the env, or wrap it with stable_baselines3.common.vec_env.VecCheckNan to find the step that produces them."
 
@@ -22,6 +25,7 @@ def check_finite(label: str, value: np.ndarray, fix: str = ENV_FIX) -> None:
 
 def _check_discrete(label: str, value: np.ndarray, low: np.ndarray | int, high: np.ndarray | int) -> None:
     """Raise a ValueError unless ``value`` ``(n_envs, ...)`` holds integers in ``[low, high)`` (bounds per element)."""
+    check_finite(label, value, fix="a discrete space holds integers only.")
     flat = value.reshape(len(value), -1)
     low, high = np.reshape(low, -1), np.reshape(high, -1)
     if np.issubdtype(flat.dtype, np.floating) and not np.array_equal(flat, np.round(flat)):
@@ -109,8 +113,40 @@ class StepLayout:
             timeout = done & np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         return Step(obs_, next_obs_, action, reward.reshape(n), done, timeout)
 
-    def observations(self, name: str, obs: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``obs`` key by key as ``(n_envs, *shape)`` arrays, or a ValueError naming what is wrong."""
+    def validate_rollout(self, rollout: Rollout) -> Rollout:
+        """A whole finished rollout of ``T`` transitions (observations ``(T + 1, ...)`` key by key,
+        actions ``(T, action_dim)``, rewards ``(T,)``) as arrays of the layout's shapes, checked as
+        :meth:`validate` checks each step, or a ValueError naming what is wrong. It must end
+        terminated or truncated (one of the two); with ``handle_timeout_termination=False`` a
+        truncated end is stored as a termination, as a step's is."""
+        n = rollout.length
+        if n < 1:
+            raise ValueError("the rollout holds no transition (an episode needs at least one step)")
+        fix = "the replay stores finite values within the spaces only: fix or leave out this episode."
+        rewards = np.asarray(rollout.rewards)
+        if rewards.shape != (n,):
+            raise ValueError(f"rewards have shape {rewards.shape}, expected ({n},)")
+        check_finite("rewards", rewards, fix=fix)
+        actions = np.asarray(rollout.actions)
+        if actions.shape[:1] != (n,) or actions.size != n * self.action_dim:
+            raise ValueError(f"actions have shape {actions.shape}, expected ({n}, {self.action_dim}) for {n} rewards")
+        actions = actions.reshape(n, self.action_dim)
+        check_in_space("actions", actions, self.action_space, fix=fix)
+        given: np.ndarray | dict[str, np.ndarray] = rollout.observations
+        if not isinstance(self.observation_space, spaces.Dict) and list(rollout.observations) == [OBS_KEY]:
+            given = rollout.observations[OBS_KEY]  # a rollout holds its observations by key, OBS_KEY for a non-Dict space
+        observations = self.observations("observations", given, rows=n + 1, fix=fix)
+        if rollout.terminated == rollout.truncated:
+            state = "both terminated and truncated" if rollout.terminated else "neither terminated nor truncated"
+            raise ValueError(f"the rollout ends {state}: a stored rollout ends in exactly one of the two")
+        truncated = bool(rollout.truncated) and self.handle_timeout_termination
+        return Rollout(observations, actions, rewards.astype(np.float32), terminated=not truncated, truncated=truncated)
+
+    def observations(
+        self, name: str, obs: np.ndarray | dict[str, np.ndarray], rows: int | None = None, fix: str = ENV_FIX
+    ) -> dict[str, np.ndarray]:
+        """``obs`` key by key as ``(rows, *shape)`` arrays (``rows``: ``n_envs`` unless given), or a
+        ValueError naming what is wrong (and ``fix``, for values outside the space)."""
         if isinstance(self.observation_space, spaces.Dict):
             if not isinstance(obs, dict):
                 raise ValueError(f"{name} must be a dict for a Dict observation space, got {type(obs).__name__}")
@@ -124,11 +160,12 @@ class StepLayout:
         for key, value in items.items():
             label = name if key == OBS_KEY and len(items) == 1 else f"{name}['{key}']"
             value = np.asarray(value)
-            shape = (self.n_envs, *self.obs_shapes[key])
-            if isinstance(self.obs_spaces[key], spaces.Discrete) and value.size == self.n_envs:
+            n = self.n_envs if rows is None else rows
+            shape = (n, *self.obs_shapes[key])
+            if isinstance(self.obs_spaces[key], spaces.Discrete) and value.size == n:
                 value = value.reshape(shape)
             if value.shape != shape:
                 raise ValueError(f"{label} has shape {value.shape}, expected {shape}")
-            check_in_space(label, value, self.obs_spaces[key])
+            check_in_space(label, value, self.obs_spaces[key], fix)
             validated[key] = value
         return validated

@@ -7,7 +7,17 @@ import torch as th
 from test_amago import ACTION_SPACES, CountingEnv, filled_model
 
 from sb3_amago import AMAGO, PrevRewardWrapper
-from sb3_amago.loss import LossConfig, amago_loss, bc_filter, masked_mean, pick_critics, target_values, td_target
+from sb3_amago.loss import (
+    LossConfig,
+    amago_loss,
+    bc_filter,
+    behaviour_cloning_loss,
+    masked_mean,
+    n_step_target,
+    pick_critics,
+    target_values,
+    td_target,
+)
 from sb3_amago.nets.popart import PopArt
 from sb3_amago.policies import TransformerPolicy
 from sb3_amago.type_aliases import TrajectoryBatch
@@ -192,6 +202,68 @@ def test_td_target_uses_a_random_critic_pair_per_position() -> None:
     mean_target = td_target(q_next, reward, terminated, gammas, LossConfig(pg_weight=0.0))
     q = (q_next[0, 0, idx[0, 0, 0, 1], 1] + q_next[0, 0, idx[0, 0, 1, 1], 1]) / 2
     assert mean_target[0, 0, 1].item() == pytest.approx((10.0 + 0.99 * q).item(), abs=1e-5)
+
+
+def test_n_step_target_by_hand() -> None:
+    """Window 0: 4 real next steps, the last terminal; window 1: 2 real next steps (a time limit),
+    then padding. n = 3, gamma 0.5, reward multiplier 2."""
+    reward = th.tensor([[1.0, 2.0, 3.0, 4.0, 0.0], [10.0, 20.0, 0.0, 0.0, 0.0]])
+    terminated = th.tensor([[0.0, 0.0, 0.0, 1.0, 0.0], [0.0] * 5])
+    real_next = th.tensor([[True, True, True, True, False], [True, True, False, False, False]])
+    q = th.tensor([[100.0, 200.0, 300.0, 400.0, 500.0], [1000.0, 2000.0, 3000.0, 4000.0, 5000.0]]).unsqueeze(-1)
+    got = n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=3, k=2.0)[..., 0]
+    g = 0.5
+    expected_0 = [
+        2 * (1 + g * 2 + g**2 * 3) + g**3 * 300,  # three rewards, bootstrap from s_3
+        2 * (2 + g * 3 + g**2 * 4) + 0.0,  # reaches the terminal s_4: no bootstrap
+        2 * (3 + g * 4) + 0.0,  # truncated by the terminal after two steps
+        2 * 4 + 0.0,
+    ]
+    expected_1 = [
+        2 * (10 + g * 20) + g**2 * 2000,  # the window ends after two steps: bootstrap from its last state
+        2 * 20 + g * 2000,
+    ]
+    th.testing.assert_close(got[0, :4], th.tensor(expected_0))
+    th.testing.assert_close(got[1, :2], th.tensor(expected_1))
+    # Through td_target (its critic pick on one critic), and n = 1 is the one-step target.
+    cfg = LossConfig(n_step=3, reward_multiplier=2.0, n_target_critics=1)
+    via = td_target(q.unsqueeze(-2), reward, terminated, th.tensor([0.5]), cfg, real_next)[..., 0]
+    th.testing.assert_close(via[real_next], got[real_next])
+    one = n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=1, k=2.0)
+    one_step = 2.0 * reward.unsqueeze(-1) + 0.5 * (1.0 - terminated.unsqueeze(-1)) * q
+    th.testing.assert_close(one[real_next], one_step[real_next])
+    with pytest.raises(ValueError, match="n_step"):
+        LossConfig(n_step=0)
+
+
+def test_pure_bc_gradient_is_the_mean_log_prob_of_buffer_actions(counting_model: AMAGO) -> None:
+    """pure_bc: the loss is minus the mean log-likelihood of every real buffer action (all gamma
+    heads), so its gradient is that of the mean log-prob alone; the critics get none."""
+    policy = counting_model.policy
+    policy.set_training_mode(False)  # no dropout: two forward passes agree
+    np.random.seed(1)
+    batch = counting_model.replay_buffer.sample(4)
+    params = [p for p in policy.parameters() if p.requires_grad]
+
+    def gradients(loss: th.Tensor) -> list[th.Tensor]:
+        grads = th.autograd.grad(loss, params, allow_unused=True)
+        return [th.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+    states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
+    loss, stats = behaviour_cloning_loss(policy, batch, states)
+    states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
+    log_prob = policy.action_type.log_prob(policy.actor(states[:, :-1]), batch.actions[:, :-1])  # (B, L, G)
+    real = batch.real[:, 1:]
+    by_hand = -(log_prob * real.unsqueeze(-1)).sum() / (real.sum() * log_prob.shape[-1])
+    th.testing.assert_close(loss, by_hand)
+    for got, expected in zip(gradients(loss), gradients(by_hand)):
+        th.testing.assert_close(got, expected)
+    assert set(stats) == {"bc_loss", "entropy"}
+    policy.zero_grad(set_to_none=True)
+    behaviour_cloning_loss(policy, batch, policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real))[
+        0
+    ].backward()
+    assert _grad_norm(policy.critics) == 0.0 and _grad_norm(policy.actor) > 0.0
 
 
 def test_bc_filter_binary_and_exp() -> None:

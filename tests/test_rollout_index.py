@@ -80,3 +80,32 @@ def test_spans_take_keeps_the_fields_together() -> None:
     spans = Spans(np.array([0, 1, 2]), np.array([10, 11, 12]), np.array([0, 1, 0]), np.array([5, 6, 7]))
     taken = spans.take(np.array([2, 0, 2]))
     assert [field.tolist() for field in taken] == [[2, 0, 2], [12, 10, 12], [0, 0, 0], [7, 5, 7]]
+
+
+def test_appended_rollouts_follow_the_newest_row_and_are_evicted_like_collected_ones() -> None:
+    index = RolloutIndex(n_envs=2, rows=10)
+    run(index, [[False, False]] * 2)  # running rollouts of 3 observations, rows 0-2
+    start = index.append(0, 4)  # a whole finished rollout of 4 observations: rows 3-6 of column 0
+    assert start == 3 and index.running.tolist()[0] == -1, "the running rollout of that column ends"
+    assert spans_of(index) == [(0, 0, 0, 3), (0, 3, 0, 4), (1, 0, 0, 3)]
+    ((rows, time),) = [index.step(np.array([False, False]))]
+    assert rows.tolist() == [7, 2] and time.tolist() == [0, 2], "the next step starts a rollout after it"
+    assert index.append(0, 3) == 9  # rows 9-11: rows 10 and 11 overwrite rows 0 and 1
+    assert spans_of(index) == [(0, 3, 0, 4), (0, 7, 0, 2), (0, 9, 0, 3), (1, 0, 0, 4)]
+    try:
+        index.append(1, 11)
+    except ValueError as exc:
+        assert "does not fit" in str(exc)
+    else:
+        raise AssertionError("a rollout longer than a column must be refused")
+
+
+def test_protected_rollouts_are_kept_apart_and_never_evicted() -> None:
+    index = RolloutIndex(n_envs=1, rows=4)
+    assert index.add_protected(3) == 0 and index.add_protected(5) == 3
+    assert index.protected_rows() == 8
+    run(index, [[False]] * 20)  # the ring wraps many times
+    protected = index.protected_spans()
+    assert protected.first_rows.tolist() == [0, 3] and protected.n_obs.tolist() == [3, 5]
+    assert protected.cols.tolist() == [0, 0] and protected.first.tolist() == [0, 0]
+    assert index.num_rollouts() == 1 + 2 and index.size() == 2 + (2 + 4)

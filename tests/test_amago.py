@@ -15,6 +15,7 @@ from gymnasium import spaces
 from stable_baselines3 import SAC, HerReplayBuffer
 from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.noise import ActionNoise, NormalActionNoise, OrnsteinUhlenbeckActionNoise
 from stable_baselines3.common.vec_env import DummyVecEnv
@@ -524,6 +525,16 @@ def test_hyperparameters_at_the_limits_are_accepted() -> None:
     tiny_model(CountingEnv(), tau=1.0, multigammas=(0.0,), policy_kwargs={**TINY, "traj_encoder_kwargs": encoder})
     tiny_model(CountingEnv(), tau=0.0, buffer_size=9, batch_size=9, learning_starts=8)
     tiny_model(make_vec_env(CountingEnv, n_envs=2), batch_size=24, learning_starts=16, buffer_size=48)
+
+
+def test_normalize_images_false_is_taken_where_nothing_is_scaled() -> None:
+    """SB3's normalize_images=False: float observations are used as they are, so it is accepted; uint8
+    images, which the timestep encoder scales to [0, 1] all the same, are refused with the fix."""
+    model = tiny_model(CountingEnv(), policy_kwargs={**TINY, "normalize_images": False})
+    assert model.policy.normalize_images is False
+    image_env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+    with pytest.raises(ValueError, match=r"normalize_images=False.*uint8 images.*leave normalize_images=True"):
+        tiny_model(image_env, policy_kwargs={**TINY, "normalize_images": False})
 
 
 def _finite_train_stats(model: AMAGO) -> None:

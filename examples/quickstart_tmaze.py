@@ -10,6 +10,7 @@ import argparse
 import gymnasium as gym
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
 
 import sb3_amago  # noqa: F401  (registers the amago-* env ids)
 from sb3_amago import AMAGO
@@ -34,11 +35,11 @@ def main() -> None:
         seed=args.seed,
         verbose=1,
     )
-    model.learn(total_timesteps=args.steps, log_interval=20)
+    # A progress bar, and a table of the training statistics every 250 episodes (3 in this run).
+    model.learn(total_timesteps=args.steps, log_interval=250, progress_bar=True)
 
-    mean_return, std_return = evaluate_policy(
-        model, gym.make("amago-TMaze-v0", corridor_length=args.corridor), n_eval_episodes=50
-    )
+    eval_env = Monitor(gym.make("amago-TMaze-v0", corridor_length=args.corridor))
+    mean_return, std_return = evaluate_policy(model, eval_env, n_eval_episodes=50)
     print(f"T-maze H={args.corridor}: mean return {mean_return:.3f} +/- {std_return:.3f} (solved: 1.0, memoryless: ~0.5)")
 
 

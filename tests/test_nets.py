@@ -384,3 +384,26 @@ def test_timestep_encoder_validation_errors() -> None:
     obs_no_achieved = {k: v for k, v in obs.items() if k != "achieved"}
     discrete_flat = dict(obs_no_achieved, cell=obs["cell"][..., 0])
     assert encoder(discrete_flat, prev_actions, time_idx, real).isfinite().all()
+
+
+# ------------------------------------------------------------------------------ FastDropout
+@pytest.mark.parametrize("p", [0.05, 0.3])
+def test_fast_dropout_drops_at_its_rate_and_keeps_the_expectation(p: float) -> None:
+    from sb3_amago.nets.dropout import FastDropout, keep_mask
+
+    mask = keep_mask(th.Size((400, 1000)), p, th.float32, th.device("cpu"))
+    p_eff = round(p * 2**15) / 2**15
+    assert mask.unique().tolist() == pytest.approx([0.0, 1.0 / (1.0 - p_eff)])
+    fields = (mask == 0).float().view(-1, 4).mean(0)  # each 16-bit field of a draw, the short top one included
+    assert fields.tolist() == pytest.approx([p_eff] * 4, abs=0.006)
+    assert mask.mean().item() == pytest.approx(1.0, abs=0.01)
+
+    layer = FastDropout(p)
+    x = th.randn(3, 7, 11, requires_grad=True)
+    th.manual_seed(1)
+    y = layer(x)
+    th.manual_seed(1)
+    assert th.equal(layer(x), y)  # torch's generator seeds it
+    y.sum().backward()
+    assert th.allclose(x.grad, (y / x).detach())  # the gradient is the mask
+    assert th.equal(layer.eval()(x), x)

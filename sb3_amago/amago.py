@@ -27,10 +27,13 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_amago.arguments import (
     DEFAULT_N_CRITICS,
     check_arguments,
+    check_episode_train_freq,
     check_observation_space,
-    check_replay_sizes,
+    check_sb3_arguments,
     chosen_exploration,
     critics_from_policy_kwargs,
+    n_step_setting,
+    warn_short_replay,
     warn_without_reward_input,
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
@@ -76,9 +79,27 @@ class AMAGO(OffPolicyAlgorithm):
     ``max_seq_len + 1`` steps), ``gamma`` is the main discount (the head the agent acts with) and
     ``tau`` the EMA rate of the target actor/critic heads. ``policy_kwargs=dict(net_arch=...)``
     sets the hidden sizes of the actor and critic heads, as for SAC (see :class:`TransformerPolicy`).
+    The README's table "SB3 arguments and what they mean for AMAGO" lists every argument SB3's
+    off-policy algorithms share; the ones below differ from SB3 or are AMAGO's own.
 
-    :param optimize_memory_usage: SB3's option, accepted for compatibility but must stay False: the
-        trajectory replay already stores each observation once
+    :param buffer_size: transitions the replay holds, split evenly between the envs (at least one
+        per env, as in SB3). A replay that holds less than one window per env trains on the shorter
+        windows it holds (with a warning)
+    :param batch_size: windows per batch, drawn with replacement as SB3 draws transitions, so a
+        batch may be larger than what the replay holds
+    :param replay_buffer_class: a :class:`~sb3_amago.buffers.TrajectoryReplayBuffer` subclass (None:
+        that class); SB3's transition replays, ``HerReplayBuffer`` included, are refused (hindsight
+        relabeling is ``relabeler=``)
+    :param replay_buffer_kwargs: passed to the replay, after AMAGO's ``max_seq_len`` (and relabeler)
+    :param optimize_memory_usage: accepted, True or False: SB3's "store each observation once" is what
+        AMAGO's replay always does. ``model.optimize_memory_usage`` stays False, since SB3 reads True as
+        a request to cut the replay's last trajectory at a new ``learn``, a fix its memory-efficient
+        replay needs and AMAGO's does not (it closes the interrupted rollouts itself)
+    :param n_steps: SB3's n-step returns: the loss's ``n_step`` (n-step TD targets within each window), set by
+        either name
+    :param use_sde: gSDE, which AMAGO lacks: only False (``sde_sample_freq`` and ``use_sde_at_warmup``
+        are then ignored, as in SB3); explore Box actions with the default schedule or ``action_noise``
+    :param monitor_wrapper: SB3's: wrap an env AMAGO makes or vectorises in a ``Monitor``
     :param max_seq_len: training window and acting context length
     :param multigammas: extra discount factors learned beside ``gamma``
     :param n_critics: critics in the ensemble (``policy_kwargs=dict(n_critics=...)``, as SAC and TQC
@@ -134,6 +155,7 @@ class AMAGO(OffPolicyAlgorithm):
         replay_buffer_class: type[ReplayBuffer] | None = None,
         replay_buffer_kwargs: dict[str, Any] | None = None,
         optimize_memory_usage: bool = False,
+        n_steps: int = 1,
         max_seq_len: int = 64,
         multigammas: tuple[float, ...] = DEFAULT_MULTIGAMMAS,
         n_critics: int = DEFAULT_N_CRITICS,
@@ -165,14 +187,20 @@ class AMAGO(OffPolicyAlgorithm):
         verbose: int = 0,
         seed: int | None = None,
         device: th.device | str = "auto",
+        monitor_wrapper: bool = True,
+        use_sde: bool = False,
+        sde_sample_freq: int = -1,
+        use_sde_at_warmup: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
+        n_step = n_step_setting(n_steps, n_step)
         # Checked now, not at the first update; kept as attributes, read back by loss_config.
         loss_settings = dataclasses.asdict(LossConfig.from_settings(locals()))
         if env is None and _init_setup_model:
             raise ValueError("AMAGO needs an env (a gymnasium env, an env id or a VecEnv)")
         policy_kwargs, n_critics = critics_from_policy_kwargs(policy_kwargs, n_critics)
         check_arguments(env, batch_size, max_seq_len, n_critics, gamma, multigammas, tau)
+        check_sb3_arguments(replay_buffer_class, use_sde, sde_sample_freq, use_sde_at_warmup)
         super().__init__(
             policy,
             env,  # type: ignore[arg-type]  # None only where SB3's load builds the model before setting its env
@@ -187,7 +215,8 @@ class AMAGO(OffPolicyAlgorithm):
             action_noise=None,
             replay_buffer_class=replay_buffer_class or TrajectoryReplayBuffer,
             replay_buffer_kwargs=replay_buffer_kwargs,
-            optimize_memory_usage=optimize_memory_usage,
+            optimize_memory_usage=False,  # see the docstring: AMAGO's replay stores each observation once anyway
+            n_steps=1,
             policy_kwargs=policy_kwargs,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
@@ -195,11 +224,13 @@ class AMAGO(OffPolicyAlgorithm):
             device=device,
             seed=seed,
             support_multi_env=True,
+            monitor_wrapper=monitor_wrapper,
             sde_support=False,
             supported_action_spaces=(spaces.Discrete, spaces.MultiDiscrete, spaces.Box),
         )
         if self.env is not None:
-            check_replay_sizes(buffer_size, batch_size, learning_starts, train_freq, int(max_seq_len), self.n_envs)
+            check_episode_train_freq(train_freq, self.n_envs)
+            warn_short_replay(buffer_size, int(max_seq_len), self.n_envs)
         self.max_seq_len = int(max_seq_len)
         self.multigammas = tuple(float(g) for g in multigammas)
         self.n_critics = int(n_critics)

@@ -6,7 +6,9 @@ from typing import Any
 
 from gymnasium import spaces
 from stable_baselines3.common.noise import ActionNoise
+from stable_baselines3.her.her_replay_buffer import HerReplayBuffer
 
+from sb3_amago.buffers import MIN_ROWS_PER_ENV, TrajectoryReplayBuffer
 from sb3_amago.exploration import ActionNoiseExploration, Exploration
 from sb3_amago.keys import PREV_REWARD_KEY
 from sb3_amago.wrappers import flat_dict_space
@@ -76,29 +78,74 @@ def check_discounts(gamma: float, multigammas: tuple[float, ...]) -> None:
             )
 
 
-def check_replay_sizes(
-    buffer_size: int, batch_size: int, learning_starts: int, train_freq: int | tuple[int, str], max_seq_len: int, n_envs: int
-) -> None:
-    """Raise a ValueError naming the argument and the fix if the replay cannot hold one training
-    window per env column, or holds fewer transitions at the first update than a batch has windows."""
-    per_env = buffer_size // n_envs
+def warn_short_replay(buffer_size: int, max_seq_len: int, n_envs: int) -> None:
+    """Warn if the replay holds less than one training window (``max_seq_len + 1`` steps) per env: it
+    then trains on the shorter windows it holds, which limits the context the model learns from."""
+    per_env = max(buffer_size // n_envs, MIN_ROWS_PER_ENV)
     if per_env < max_seq_len + 1:
-        raise ValueError(
+        warnings.warn(
             f"buffer_size={buffer_size} holds {per_env} steps per env ({n_envs} envs), less than one training window "
-            f"(max_seq_len + 1 = {max_seq_len + 1} steps): raise buffer_size to at least {(max_seq_len + 1) * n_envs} "
-            "or lower max_seq_len."
+            f"(max_seq_len + 1 = {max_seq_len + 1} steps): training uses the shorter windows the replay holds. Raise "
+            f"buffer_size to at least {(max_seq_len + 1) * n_envs} to train on whole windows."
         )
-    frequency, unit = (train_freq, "step") if isinstance(train_freq, int) else train_freq
-    steps_per_round = int(frequency) * n_envs if getattr(unit, "value", unit) == "step" else 1
-    # SB3 trains once num_timesteps > learning_starts, after whole rounds of train_freq steps of every env.
-    first_update = -(-(learning_starts + 1) // steps_per_round) * steps_per_round
-    held = min(first_update, buffer_size)
-    if batch_size > held:
+
+
+def check_episode_train_freq(train_freq: int | tuple[int, str], n_envs: int) -> None:
+    """Refuse ``train_freq`` in episodes with several envs, which SB3's collection cannot do (it
+    asserts at the first ``learn``), at construction and with the fix."""
+    frequency, unit = train_freq if isinstance(train_freq, tuple) and len(train_freq) == 2 else (train_freq, "step")
+    if n_envs > 1 and str(getattr(unit, "value", unit)) == "episode":
         raise ValueError(
-            f"batch_size={batch_size} windows is more than the {held} transitions the replay holds at the first update "
-            f"(learning_starts={learning_starts}, buffer_size={buffer_size}): raise learning_starts to at least "
-            f"{batch_size} or lower batch_size."
+            f"train_freq={train_freq} counts episodes, which SB3 collects with one env only, but the env has "
+            f"{n_envs}: use train_freq=({frequency}, 'step') (steps of every env) or a single env."
         )
+
+
+def n_step_setting(n_steps: int, n_step: int) -> int:
+    """The loss's ``n_step`` from SB3's ``n_steps`` (n-step returns, the same meaning) and AMAGO's own
+    ``n_step``: whichever is not 1.
+
+    :raises ValueError: if both are given, differently
+    """
+    if int(n_steps) != 1 and int(n_step) != 1 and int(n_steps) != int(n_step):
+        raise ValueError(
+            f"n_steps={n_steps} and n_step={n_step} disagree: both set the n-step TD targets; give the number of "
+            "steps once (n_steps, SB3's name, or n_step)."
+        )
+    return int(n_steps) if int(n_steps) != 1 else int(n_step)
+
+
+def check_sb3_arguments(replay_buffer_class: type | None, use_sde: bool, sde_sample_freq: int, use_sde_at_warmup: bool) -> None:
+    """Refuse, naming the alternative, the SB3 off-policy options that AMAGO cannot honour: a replay
+    that is not a :class:`~sb3_amago.buffers.TrajectoryReplayBuffer`, and gSDE. (``sde_sample_freq``
+    and ``use_sde_at_warmup`` are ignored without ``use_sde``, as in SB3.)"""
+    if replay_buffer_class is not None:
+        check_replay_buffer_class(replay_buffer_class)
+    if use_sde:
+        raise ValueError(
+            f"use_sde=True (sde_sample_freq={sde_sample_freq}, use_sde_at_warmup={use_sde_at_warmup}): AMAGO has "
+            "no gSDE. Drop use_sde: Box actions are explored by the default Gaussian schedule (epsilon_start, "
+            "epsilon_end, exploration_steps), or by SB3's action noise as in TD3 (action_noise=NormalActionNoise(...) "
+            "or OrnsteinUhlenbeckActionNoise(...))."
+        )
+
+
+def check_replay_buffer_class(replay_buffer_class: type) -> None:
+    """Refuse a replay class AMAGO cannot sample windows of whole rollouts from, naming what to use."""
+    if isinstance(replay_buffer_class, type) and issubclass(replay_buffer_class, TrajectoryReplayBuffer):
+        return
+    name = getattr(replay_buffer_class, "__name__", repr(replay_buffer_class))
+    hint = (
+        " For hindsight relabeling, which HerReplayBuffer does for SB3, give AMAGO relabeler=... (e.g. "
+        "sb3_amago.relabel.GoalEnvRelabeler for goal-conditioned Dict envs)."
+        if isinstance(replay_buffer_class, type) and issubclass(replay_buffer_class, HerReplayBuffer)
+        else ""
+    )
+    raise ValueError(
+        f"replay_buffer_class={name}: AMAGO trains on windows of whole rollouts, which only "
+        "sb3_amago.buffers.TrajectoryReplayBuffer (the default, replay_buffer_class=None) or a subclass of it "
+        f"can sample; SB3's replays hold single transitions.{hint}"
+    )
 
 
 def check_observation_space(space: spaces.Space) -> None:

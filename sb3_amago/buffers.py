@@ -38,6 +38,10 @@ except ImportError:  # pragma: no cover
 # (version 2 had neither, and is upgraded when unpickled).
 REPLAY_FORMAT_VERSION = 3
 
+#: The fewest rows a column keeps, whatever ``buffer_size``: one transition (the observation acted
+#: on and the one reached).
+MIN_ROWS_PER_ENV = 2
+
 
 class TrajectoryReplayBuffer(ReplayBuffer):
     """Replay of whole rollouts for AMAGO: sample a rollout, then a window of ``max_seq_len + 1`` steps.
@@ -50,7 +54,7 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     of ``o_t`` in its rollout. Each rollout also keeps its newest observation in the next row
     (the terminal observation once it ended, with zero action and reward), so ``next_obs`` is
     never stored twice: a rollout of ``T`` transitions takes ``T + 1`` rows. This is what
-    ``optimize_memory_usage`` does in SB3, so that option is refused as having nothing to save.
+    ``optimize_memory_usage`` asks of SB3's replay, so the option changes nothing here.
 
     Eviction: when a column is full, its oldest rows are overwritten and a rollout that loses a
     row is dropped whole. The exception is a rollout longer than its column: it keeps its newest
@@ -76,12 +80,15 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     Storage is allocated on the first ``add``. ``hidden_keys`` lists the observation keys dropped
     from sampled batches (the relabeler's), which the policy must not see either.
 
-    :param buffer_size: capacity in rows (observations), split evenly between the env columns
+    :param buffer_size: capacity in rows (observations), split evenly between the env columns; each
+        column keeps at least :data:`MIN_ROWS_PER_ENV` rows (one transition), as SB3's replay keeps
+        at least one transition per env
     :param observation_space: observation space
     :param action_space: action space
     :param device: device of the sampled tensors
     :param n_envs: number of parallel envs
-    :param optimize_memory_usage: must be False (see above)
+    :param optimize_memory_usage: SB3's option, accepted either way: this replay always stores each
+        observation once (see above); the attribute stays False, as nothing differs
     :param handle_timeout_termination: time-limit ends bootstrap (SB3's meaning); if False every
         end of episode is a termination
     :param max_seq_len: ``L``, windows hold up to ``L + 1`` observations (``L`` loss positions)
@@ -109,19 +116,12 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     ) -> None:
         # ReplayBuffer.__init__ would allocate every array now: skip it, storage waits for the first add.
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
-        if optimize_memory_usage:
-            raise ValueError(
-                "TrajectoryReplayBuffer stores every observation once already (the next observation is the "
-                "following row of the rollout): use optimize_memory_usage=False."
-            )
         if is_structured(observation_space):
             raise ValueError(
                 f"The replay stores flat observation spaces, got {observation_space}: wrap the env with "
                 "sb3_amago.wrappers.FlatDictObservation (AMAGO does so itself)."
             )
-        self.buffer_size = buffer_size // n_envs
-        if self.buffer_size < 2:
-            raise ValueError(f"buffer_size must hold at least 2 rows per env, got {buffer_size} for {n_envs} envs")
+        self.buffer_size = max(buffer_size // n_envs, MIN_ROWS_PER_ENV)
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         if protected_share is not None and not 0.0 <= float(protected_share) <= 1.0:

@@ -15,7 +15,7 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.preprocessing import get_obs_shape
+from stable_baselines3.common.preprocessing import get_obs_shape, is_image_space
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 
 from sb3_amago.distributions import ActorOutput, make_action_type
@@ -78,6 +78,9 @@ class TransformerPolicy(BasePolicy):
     :param optimizer_class: optimizer of all online parameters (one optimizer, one loss)
     :param optimizer_kwargs: its keyword arguments (default ``weight_decay=1e-3``, and the fused
         implementation where the optimizer has one, see :func:`default_optimizer_kwargs`)
+    :param normalize_images: SB3's: False says the image observations come normalized already. The
+        timestep encoder scales uint8 images to [0, 1] whatever it says, so False is refused for an
+        observation holding uint8 images; float observations are used as they are either way
     """
 
     gamma_values: th.Tensor
@@ -108,6 +111,8 @@ class TransformerPolicy(BasePolicy):
             optimizer_kwargs = default_optimizer_kwargs(optimizer_class)
         if features_extractor_class is None:
             features_extractor_kwargs = default_extractor_kwargs(features_extractor_kwargs or {})
+        if not normalize_images:
+            check_images_need_no_scaling(observation_space)
         action_type = make_action_type(action_space)
         super().__init__(
             observation_space,
@@ -116,9 +121,12 @@ class TransformerPolicy(BasePolicy):
             features_extractor_kwargs=features_extractor_kwargs,
             optimizer_class=optimizer_class,
             optimizer_kwargs=optimizer_kwargs,
-            normalize_images=normalize_images,
+            # SB3 reads normalize_images=False to pass normalized_image=True to its NatureCNN or
+            # CombinedExtractor, from the class given; AMAGO's default extractor (None) needs no such word.
+            normalize_images=normalize_images or features_extractor_class is None,
             squash_output=action_type.squash_output,
         )
+        self.normalize_images = normalize_images
         self.action_type = action_type
         self.gammas = tuple(float(g) for g in gammas)
         self.max_seq_len = max_seq_len
@@ -403,6 +411,19 @@ def head_sizes(
 # SB3's names for the image-feature size of its default extractors: CombinedExtractor (Dict
 # observations) calls it cnn_output_dim, NatureCNN (image observations) features_dim.
 SB3_CNN_DIM_KWARGS = ("cnn_output_dim", "features_dim")
+
+
+def check_images_need_no_scaling(observation_space: spaces.Space) -> None:
+    """Refuse ``normalize_images=False`` for an observation holding uint8 images, which the timestep
+    encoder scales to [0, 1] (SB3's preprocessing) all the same."""
+    parts = observation_space.spaces if isinstance(observation_space, spaces.Dict) else {OBS_KEY: observation_space}
+    images = [key for key, space in parts.items() if is_image_space(space)]
+    if images:
+        raise ValueError(
+            f"normalize_images=False, but the observation {images} holds uint8 images, which AMAGO's timestep encoder "
+            "scales to [0, 1] itself: leave normalize_images=True, or give the images as floats (already normalized, "
+            "e.g. after VecNormalize), which AMAGO uses as they are."
+        )
 
 
 def default_extractor_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

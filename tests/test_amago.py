@@ -12,12 +12,16 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from stable_baselines3 import SAC
+from stable_baselines3 import SAC, HerReplayBuffer
+from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.noise import ActionNoise, NormalActionNoise, OrnsteinUhlenbeckActionNoise
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
+from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.exploration import ActionNoiseExploration, BiLevelSchedule, Exploration
 from sb3_amago.loss import LossConfig
 from sb3_amago.nets import GRUTrajEncoder
@@ -472,10 +476,11 @@ def test_bad_constructor_arguments() -> None:
             },
             r"max_time=8.*max_seq_len \+ 1 = 9.*raise max_time",
         ),
-        ({"buffer_size": 8}, r"buffer_size=8 holds 8 steps per env.*at least 9"),
-        ({"buffer_size": 16, "n_envs": 2}, r"buffer_size=16 holds 8 steps per env \(2 envs\).*at least 18"),
-        ({"batch_size": 64, "learning_starts": 20}, r"batch_size=64.*24 transitions.*learning_starts=20.*at least 64"),
-        ({"batch_size": 64, "learning_starts": 1000, "buffer_size": 40}, r"batch_size=64.*40 transitions.*buffer_size=40"),
+        ({"train_freq": (1, "episode"), "n_envs": 2}, r"train_freq=\(1, 'episode'\).*one env only.*\(1, 'step'\)"),
+        ({"n_steps": 3, "n_step": 2}, r"n_steps=3 and n_step=2 disagree"),
+        ({"use_sde": True}, r"use_sde=True.*no gSDE.*action_noise=NormalActionNoise"),
+        ({"replay_buffer_class": ReplayBuffer}, r"replay_buffer_class=ReplayBuffer.*TrajectoryReplayBuffer"),
+        ({"replay_buffer_class": HerReplayBuffer}, r"replay_buffer_class=HerReplayBuffer.*relabeler=.*GoalEnvRelabeler"),
     ],
 )
 def test_out_of_range_hyperparameters_are_named_at_construction(kwargs: dict, words: str) -> None:
@@ -501,6 +506,15 @@ def test_sb3_style_policy_kwargs_reach_the_policy() -> None:
         tiny_model(env, policy_kwargs={**TINY, "traj_encoder": th.nn.GRU})
 
 
+def test_sb3_n_steps_sets_the_n_step_targets() -> None:
+    """SB3's n_steps (n-step returns) and AMAGO's n_step are one setting: either name sets the loss's n_step."""
+    env = PrevRewardWrapper(CountingEnv())
+    assert tiny_model(env, n_steps=3).loss_config.n_step == 3
+    assert tiny_model(env, n_step=3).loss_config.n_step == 3
+    assert tiny_model(env, n_steps=3, n_step=3).loss_config.n_step == 3
+    assert tiny_model(env).loss_config.n_step == 1
+
+
 def test_loss_settings_have_one_source(tmp_path) -> None:
     """AMAGO's loss arguments default to LossConfig's fields, are checked at construction, and reach the loss
     from the model's attributes (so load can change them)."""
@@ -520,6 +534,79 @@ def test_hyperparameters_at_the_limits_are_accepted() -> None:
     tiny_model(CountingEnv(), tau=1.0, multigammas=(0.0,), policy_kwargs={**TINY, "traj_encoder_kwargs": encoder})
     tiny_model(CountingEnv(), tau=0.0, buffer_size=9, batch_size=9, learning_starts=8)
     tiny_model(make_vec_env(CountingEnv, n_envs=2), batch_size=24, learning_starts=16, buffer_size=48)
+
+
+def test_normalize_images_false_is_taken_where_nothing_is_scaled() -> None:
+    """SB3's normalize_images=False: float observations are used as they are, so it is accepted; uint8
+    images, which the timestep encoder scales to [0, 1] all the same, are refused with the fix."""
+    model = tiny_model(CountingEnv(), policy_kwargs={**TINY, "normalize_images": False})
+    assert model.policy.normalize_images is False
+    image_env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+    with pytest.raises(ValueError, match=r"normalize_images=False.*uint8 images.*leave normalize_images=True"):
+        tiny_model(image_env, policy_kwargs={**TINY, "normalize_images": False})
+
+
+def _finite_train_stats(model: AMAGO) -> None:
+    values = {k: v for k, v in model.logger.name_to_value.items() if k.startswith("train/")}
+    assert values and all(np.isfinite(v) for v in values.values()), values
+
+
+def test_a_batch_larger_than_the_replay_is_drawn_with_replacement() -> None:
+    """As SB3 samples transitions with replacement, a batch may hold more windows than the replay
+    holds transitions (SB3's test_offpolicy_multi_env: learning_starts=0, a batch of 24)."""
+    model = tiny_model(make_vec_env(CountingEnv, n_envs=2), batch_size=24, learning_starts=0, train_freq=1)
+    model.learn(4)  # two steps of each env, one update after each
+    assert model.replay_buffer.size() == 4 and model._n_updates == 2
+    batch = model.replay_buffer.sample(24)
+    assert batch.real.shape[0] == 24
+    _finite_train_stats(model)
+
+
+@pytest.mark.parametrize(("buffer_size", "rows"), [(1, 2), (5, 5)])
+def test_a_replay_shorter_than_a_window_trains_on_the_windows_it_holds(buffer_size: int, rows: int) -> None:
+    """buffer_size below one window per env (max_seq_len + 1 = 9 steps) warns and trains on the shorter
+    windows the replay holds; buffer_size=1 (SB3's test_callbacks_can_cancel_runs) keeps one transition."""
+    with pytest.warns(UserWarning, match=rf"buffer_size={buffer_size} holds {rows} steps per env.*shorter windows"):
+        model = tiny_model(CountingEnv(length=20), buffer_size=buffer_size, batch_size=4, learning_starts=1, train_freq=1)
+    assert model.replay_buffer.buffer_size == rows
+    model.learn(30)
+    assert model._n_updates == 29
+    assert model.replay_buffer.sample(4).real.shape[1] <= rows
+    _finite_train_stats(model)
+
+
+def test_sb3_off_policy_arguments_keep_their_meaning(recwarn: pytest.WarningsRecorder) -> None:
+    """gradient_steps=-1, train_freq in episodes, optimize_memory_usage=True, a TrajectoryReplayBuffer
+    subclass with replay_buffer_kwargs, stats_window_size, monitor_wrapper, and the gSDE options
+    that SB3 ignores without use_sde."""
+    model = tiny_model(make_vec_env(CountingEnv, n_envs=2), learning_starts=0, train_freq=3, gradient_steps=-1)
+    model.learn(3)
+    assert model.logger.name_to_value["train/n_updates"] == 6, "as many updates as env steps collected"
+
+    class OwnReplay(TrajectoryReplayBuffer):
+        pass
+
+    model = tiny_model(
+        CountingEnv(length=5),
+        train_freq=(2, "episode"),
+        learning_starts=0,
+        optimize_memory_usage=True,
+        replay_buffer_class=OwnReplay,
+        replay_buffer_kwargs={"sample_by_length": True},
+        stats_window_size=3,
+        sde_sample_freq=4,
+        use_sde_at_warmup=True,
+    )
+    assert isinstance(model.replay_buffer, OwnReplay) and model.replay_buffer.sample_by_length
+    assert model.optimize_memory_usage is False, "SB3 would cut the last trajectory at each learn"
+    model.learn(30)
+    assert model._n_updates == 3, "one update per 2 episodes of 5 steps"
+    model.learn(10)  # a new learn: no SB3 truncation warning, and the replay closes the interrupted rollout itself
+    assert not [w for w in recwarn if "truncated" in str(w.message)]
+    assert model.ep_info_buffer.maxlen == 3 and model.ep_success_buffer.maxlen == 3
+    unwrapped = tiny_model(CountingEnv(), monitor_wrapper=False)
+    assert not unwrapped.env.env_is_wrapped(Monitor)[0]
+    assert tiny_model(CountingEnv()).env.env_is_wrapped(Monitor)[0]
 
 
 def test_unsupported_spaces_are_named() -> None:

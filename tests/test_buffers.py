@@ -355,8 +355,10 @@ def test_constructed_as_off_policy_algorithms_do() -> None:
         1000, OBS_SPACE, ACTION_SPACE, device="cpu", n_envs=4, optimize_memory_usage=False, max_seq_len=8
     )
     assert buffer.buffer_size == 250 and buffer.n_envs == 4
-    with pytest.raises(ValueError, match="optimize_memory_usage"):
-        TrajectoryReplayBuffer(1000, OBS_SPACE, ACTION_SPACE, optimize_memory_usage=True)
+    # SB3's "store each observation once" is what this replay always does; one transition per env at the least.
+    memory_optimized = TrajectoryReplayBuffer(1000, OBS_SPACE, ACTION_SPACE, optimize_memory_usage=True)
+    assert memory_optimized.optimize_memory_usage is False and memory_optimized.buffer_size == 1000
+    assert TrajectoryReplayBuffer(3, OBS_SPACE, ACTION_SPACE, n_envs=4).buffer_size == 2
     with pytest.raises(ValueError, match="no rollout"):
         buffer.sample(2)
 

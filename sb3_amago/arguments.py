@@ -115,7 +115,9 @@ def n_step_setting(n_steps: int, n_step: int) -> int:
     return int(n_steps) if int(n_steps) != 1 else int(n_step)
 
 
-def check_sb3_arguments(replay_buffer_class: type | None, use_sde: bool, sde_sample_freq: int, use_sde_at_warmup: bool) -> None:
+def check_sb3_arguments(
+    replay_buffer_class: type | None, use_sde: bool, sde_sample_freq: int, use_sde_at_warmup: bool
+) -> None:
     """Refuse, naming the alternative, the SB3 off-policy options that AMAGO cannot honour: a replay
     that is not a :class:`~sb3_amago.buffers.TrajectoryReplayBuffer`, and gSDE. (``sde_sample_freq``
     and ``use_sde_at_warmup`` are ignored without ``use_sde``, as in SB3.)"""

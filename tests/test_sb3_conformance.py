@@ -83,8 +83,9 @@ SB3 runs test_identity_spaces on MultiBinary(8) and MultiBinary((3, 2)); only th
 here, to keep the file's runtime modest (one MultiBinary path in AMAGO serves both).
 
 SB3's other test modules take no AMAGO: test_her (``HerReplayBuffer``, which AMAGO refuses for its
-own hindsight relabeling, ``relabeler=``), test_n_step_replay (n-step returns and SB3's replay
-classes; AMAGO refuses ``n_steps > 1``), test_identity (DQN / SAC / TD3 must solve the task to a
+own hindsight relabeling, ``relabeler=``), test_n_step_replay (its test_run asserts that
+``n_steps`` builds SB3's ``NStepReplayBuffer``; AMAGO takes ``n_steps`` as its n-step targets,
+computed within each window of its own replay, and the rest checks SB3's replay classes), test_identity (DQN / SAC / TD3 must solve the task to a
 reward threshold within 400 to 1,200 steps at their settings, a learning benchmark rather than a
 check of the interface), test_gae, test_sde and test_distributions (on-policy advantages, gSDE and
 SB3's distribution classes; test_gae's test_infinite_horizon reads SAC's critic), and the modules

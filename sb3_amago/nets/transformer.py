@@ -150,7 +150,7 @@ class TransformerBlock(nn.Module):
         """Causal pass over whole sequences: ``(B, L, D)`` -> ``(B, L, D)``."""
         q, k, v = self._qkv(x, rotary)
         if q.device.type == "cpu" and q.dtype == th.bfloat16:
-            # torch's CPU flash-attention backward is ~30x slower in bf16 than in fp32 at these
+            # torch's CPU flash-attention backward is 4-21x slower in bf16 than in fp32 at these
             # sizes; attention is a small share of the FLOPs, so it runs in fp32 under autocast.
             q, k, v = q.float(), k.float(), v.float()
         return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))

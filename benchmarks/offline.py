@@ -326,12 +326,16 @@ def summarize(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     return out
 
 
-NOTE = (
-    "Rows so far: seed 0 of `expert_amago`, `python benchmarks/offline.py --cells expert_amago --seeds 0 --threads 1` "
-    "(at nice 19, three other runs sharing the 2-core machine, so seconds are upper bounds); the BC, mixed, "
-    "offline-to-online and scratch cells and seeds 1 and 2 are not run yet. The table is rebuilt from the CSV by the "
-    "command below."
-)
+def progress_note(summary: dict[str, dict[str, Any]]) -> str:
+    """Which cells and seeds the table holds, and which of the full run's are still missing."""
+    done = "; ".join(f"`{cell}` seed(s) {', '.join(map(str, e['seeds']))}" for cell, e in summary.items())
+    missing = [cell for cell in CELLS if len(summary.get(cell, {}).get("seeds", [])) < 3]
+    return (
+        f"Finished runs: {done or 'none'}; cells short of their 3 seeds: "
+        f"{', '.join(f'`{c}`' for c in missing) or 'none'}. Made by `python benchmarks/offline.py --cells C --seeds S "
+        "--threads 1` with other runs sharing the 2-core machine (seconds are upper bounds); the table is rebuilt "
+        "from the CSV by the command below."
+    )
 
 
 def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], config: Config) -> list[str]:
@@ -366,7 +370,7 @@ def markdown(summary: dict[str, dict[str, Any]], meta: dict[str, Any], config: C
             "The ablation record's model and settings; see the docstring of `benchmarks/offline.py`."
         ),
         "",
-        *([] if config.quick else [NOTE, ""]),
+        *([] if config.quick else [progress_note(summary), ""]),
         provenance(meta, " per run"),
         "",
         (

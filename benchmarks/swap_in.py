@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch as th
-from common import add_learning_run_args, provenance, run_metadata
+from common import add_learning_run_args, git_commit, provenance, run_metadata
 from curves import EVAL_SEED_OFFSET, EvalRecorder, first_reach, markdown_table, per_seed, write_report
 from learning import RunKey, Task, algo_label, curve_store, evaluate_model, make_envs, run_key, run_settings
 
@@ -62,7 +62,8 @@ def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> 
             flush=True,
         )
 
-    model.learn(key.budget, callback=EvalRecorder(evaluate, eval_every, key.budget, key._asdict(), on_row))
+    run_fields = {**key._asdict(), "commit": git_commit()}
+    model.learn(key.budget, callback=EvalRecorder(evaluate, eval_every, key.budget, run_fields, on_row))
     env.close()
     eval_env.close()
 

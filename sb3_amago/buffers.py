@@ -341,13 +341,10 @@ class TrajectoryReplayBuffer(ReplayBuffer):
                 array[:held] = before
             return array
 
+        before: list[np.ndarray | None] = [None] * (len(ring) - 1) if old is None else list(old[1:])
         store = ReplayStore(
-            obs={key: grown(like, None if old is None else old.obs[key]) for key, like in ring.obs.items()},
-            actions=grown(ring.actions, None if old is None else old.actions),
-            rewards=grown(ring.rewards, None if old is None else old.rewards),
-            dones=grown(ring.dones, None if old is None else old.dones),
-            timeouts=grown(ring.timeouts, None if old is None else old.timeouts),
-            time_steps=grown(ring.time_steps, None if old is None else old.time_steps),
+            {key: grown(like, None if old is None else old.obs[key]) for key, like in ring.obs.items()},
+            *(grown(like, previous) for like, previous in zip(ring[1:], before)),
         )
         for rollout in rollouts:
             store_rollout(store, rows, 0, self.index.add_protected(rollout.length + 1), rollout)

@@ -2,6 +2,7 @@
 window), sigma-reparameterisation, the timestep encoder, dtypes and error messages."""
 
 import math
+from typing import cast
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
@@ -240,6 +242,33 @@ def test_bf16_autocast_and_float64(kind: str) -> None:
     step_out, _ = encoder.step(x[:, 0].double(), time_idx[:, 0], encoder.init_state(2, "cpu", th.float64))
     assert out.dtype == step_out.dtype == th.float64
     th.testing.assert_close(step_out, out[:, 0])
+
+
+class _AttentionDtypes(TorchDispatchMode):
+    """Records the dtype of the query of every attention kernel that runs under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: list[th.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if "scaled_dot_product" in str(func):
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast() -> None:
+    # CPU flash attention is several times slower in bf16 (backward above all): the full forward
+    # keeps it in fp32, and the rest of the block in bf16.
+    encoder = make_encoder("transformer").train()
+    x, time_idx, mask = th.randn(2, 6, D_IN), th.arange(6).repeat(2, 1), th.ones(2, 6, dtype=th.bool)
+    recorder = _AttentionDtypes()
+    with th.autocast("cpu", dtype=th.bfloat16), recorder:
+        out = encoder(x, time_idx, mask)
+        out.float().sum().backward()
+    n_layers = len(cast(TransformerTrajEncoder, encoder).blocks)
+    assert recorder.dtypes == [th.float32] * (2 * n_layers)  # forward and backward kernel per layer
+    assert out.dtype == th.bfloat16 and out.isfinite().all()
 
 
 def test_transformer_errors() -> None:

@@ -70,6 +70,8 @@ class UpdatesProgressBar(ProgressBarCallback):
 
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
+#: Updates after which the TD targets are checked once for nearly constant heads (see PopArt).
+POPART_CHECK_UPDATES = 1_000
 
 
 class AMAGO(OffPolicyAlgorithm):
@@ -249,6 +251,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.distributed = distributed
         self._dist = SingleProcess(self.device)
         self._collect_state: AmagoState | None = None
+        self._warned_near_constant = False
         if _init_setup_model:
             self._setup_model()
 
@@ -455,6 +458,30 @@ class AMAGO(OffPolicyAlgorithm):
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().float()
         self._log_train_stats({k: v / gradient_steps for k, v in sums.items()}, optimizer.param_groups[0]["lr"])
+        self._warn_near_constant_targets()
+
+    def _warn_near_constant_targets(self) -> None:
+        """Once per model, after ``POPART_CHECK_UPDATES`` updates: name the discount factors whose
+        targets PopArt finds nearly constant (:meth:`~sb3_amago.nets.popart.PopArt.near_constant_heads`)."""
+        popart = self.policy.popart
+        if self._warned_near_constant or self._n_updates < POPART_CHECK_UPDATES:
+            return
+        self._warned_near_constant = True
+        heads = popart.near_constant_heads()
+        if not heads or self.loss_config.pure_bc:
+            return
+        w = popart.w.detach()
+        details = ", ".join(
+            f"gamma {self.gammas[i]:g} (mean {float(popart.mu[i]):.3g}, std {float(popart.sigma[i]):.2g}, w {float(w[i]):.0f})"
+            for i in heads
+        )
+        warnings.warn(
+            f"The TD targets of {details} are nearly constant, so PopArt scales their critic outputs far above "
+            f"the other heads' (median w {float(w.abs().median()):.1f}): their errors, mostly noise, dominate the gradient of the "
+            "critics' shared layers and the clipped gradient norm. A per-step reward that never changes "
+            "(CartPole's +1) leaves a short horizon nothing to learn: remove these discount factors from multigammas.",
+            stacklevel=2,
+        )
 
     # ----------------------------------------------------------------------------------------
     # Learning from data

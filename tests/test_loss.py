@@ -1,6 +1,8 @@
 """The loss: its terms against hand computations (PopArt, the random critic pair, the TD target,
 the behaviour-cloning filter, masks), where each term's gradients go, and padding."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch as th
@@ -57,6 +59,43 @@ def test_popart_first_update_is_bias_corrected_masked_mean() -> None:
     rate = 5e-4 / (1 - (1 - 5e-4) ** 2)
     popart.update_stats(th.zeros(1, 3, 2), th.ones(1, 3, dtype=th.bool))
     th.testing.assert_close(popart.mu, (1 - rate) * th.tensor([2.0, 20.0]))
+
+
+def test_popart_flags_heads_whose_targets_are_nearly_constant() -> None:
+    """A head whose targets barely vary (a constant reward at a short horizon) is flagged once its
+    output scale w has grown far past the others'; heads with varying targets, near zero mean
+    included, are not."""
+    popart = PopArt(n_gammas=3)
+    generator = th.Generator().manual_seed(0)
+    for _ in range(1_500):
+        noise = th.randn(64, 3, generator=generator)
+        targets = th.tensor([1.1, 5.0, 0.0]) + noise * th.tensor([0.01, 3.0, 10.0])
+        popart.update_stats(targets, th.ones(64, dtype=th.bool))
+    assert popart.near_constant_heads() == [0]
+    w = popart.w.detach()
+    assert float(w[0]) > 100 * float(w[1:].abs().max())
+    assert PopArt(n_gammas=3).near_constant_heads() == []  # untouched statistics: nothing flagged
+
+
+def test_training_warns_once_about_nearly_constant_targets() -> None:
+    model = filled_model(PrevRewardWrapper(CountingEnv()), steps=24, multigammas=(0.1, 0.9))
+    popart = model.policy.popart
+    popart.beta, popart.bias_correction = 0.0, False  # the statistics stay as set below
+    with th.no_grad():  # the statistics a constant reward leaves at gamma 0.1, the only head flagged
+        popart.mu.copy_(th.tensor([1.1, 5.0, 20.0]))
+        popart.nu.copy_(th.tensor([1.1**2 + 1e-4, 25.0 + 9.0, 400.0 + 100.0]))
+        popart.w.copy_(th.tensor([500.0, 3.0, 2.0]))
+    model._n_updates = 998
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.train(gradient_steps=1, batch_size=4)  # 999 updates: not checked yet
+    with pytest.warns(
+        UserWarning, match=r"gamma 0\.1 \(mean 1\.1.*nearly constant.*remove these discount factors from multigammas"
+    ):
+        model.train(gradient_steps=1, batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.train(gradient_steps=2, batch_size=4)  # once per model
 
 
 def _frequencies(values: th.Tensor, outcomes: list[float]) -> list[float]:

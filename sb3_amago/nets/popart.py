@@ -53,6 +53,17 @@ class PopArt(nn.Module):
         """``(G,)`` standard deviation of the targets."""
         return (self.nu - self.mu**2).clamp(min=1e-4).sqrt()
 
+    def near_constant_heads(self, max_cv: float = 0.05, scale_ratio: float = 20.0) -> list[int]:
+        """Indices of the discount factors whose TD targets are nearly constant (std below ``max_cv``
+        of the mean's magnitude) and whose output scale ``w`` has grown over ``scale_ratio`` times
+        the median ``w`` as their std shrank. Such a head's normalised targets are mostly noise,
+        amplified by ``w``: its errors then dominate the gradient of the critics' shared layers
+        and its norm. A per-step reward that never changes (CartPole's +1) does this to short
+        horizons, whose targets are then the same everywhere."""
+        sigma, mu, w = self.sigma, self.mu, self.w.detach().abs()
+        flat = (sigma < max_cv * mu.abs()) & (w > scale_ratio * w.median())
+        return [int(i) for i in flat.nonzero().flatten()]
+
     def normalize(self, raw_q: th.Tensor) -> th.Tensor:
         """Critic output in normalised units: ``w * q + b``; ``raw_q`` has gammas on its last axis."""
         return self.w * raw_q + self.b

@@ -19,7 +19,10 @@ Beside them, what the TD targets can have built by then: each update moves the t
 share ``tau`` towards the online ones, and each target refresh lets a value reach ``n_step`` steps
 further, so after ``U`` updates the main-gamma value of a state that keeps earning 1 per step is at
 most about ``(1 - gamma^N) / (1 - gamma)`` with ``N = n_step * tau * U`` (``bootstrapped value``),
-whatever the episodes' true length. Results: ``benchmarks/results/cartpole_probe.{md,json}``.
+whatever the episodes' true length. And PopArt's output scale ``w`` of the first (shortest) and the
+main discount factor: a head whose targets barely vary (CartPole's constant reward at gamma 0.1)
+ends with a ``w`` far above the others', and its errors then dominate the critics' gradient.
+Results: ``benchmarks/results/cartpole_probe.{md,json}``.
 """
 
 import argparse
@@ -99,10 +102,14 @@ def probe(ckpt_dir: Path, episodes: int) -> list[dict[str, Any]]:
         runs = [probe_episode(model, env, EPISODE_SEED + i) for i in range(episodes)]
         env.close()
         refreshes = model.loss_config.n_step * model.tau * model._n_updates
+        popart = model.policy.popart
         rows.append(
             {
                 "env_steps": int(path.stem.split("_")[1]),
                 "updates": model._n_updates,
+                "gammas": list(model.gammas),
+                "popart_w": popart.w.detach().tolist(),
+                "popart_sigma": popart.sigma.tolist(),
                 "target_refreshes": refreshes,
                 "bootstrapped_value": (1.0 - model.gamma**refreshes) / (1.0 - model.gamma),
                 "episodes": runs,
@@ -130,6 +137,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
             f"{row['updates']:,}",
             f"{row['target_refreshes']:.1f}",
             f"{row['bootstrapped_value']:.1f}",
+            f"{row['popart_w'][0]:.1f} / {row['popart_w'][-1]:.1f}",
         )
         for row in rows
     ]
@@ -146,6 +154,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         "updates",
         "N",
         "bootstrapped value",
+        "PopArt w, first / main gamma",
     )
     return [
         "# CartPole probe",

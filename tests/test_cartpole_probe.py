@@ -23,6 +23,7 @@ def test_cartpole_probe_reports_each_checkpoint(tmp_path: Path) -> None:
     gamma, refreshes = 0.99, rows[1]["target_refreshes"]
     assert rows[1]["bootstrapped_value"] == pytest.approx((1 - gamma**refreshes) / (1 - gamma))
     for row in rows:
+        assert len(row["popart_w"]) == len(row["popart_sigma"]) == len(row["gammas"]) and row["gammas"][-1] == gamma
         (episode,) = row["episodes"]
         assert episode["end"] in {"x", "theta", "limit"} and 1 <= episode["length"] <= cartpole_probe.MAX_STEPS
         assert 0.0 <= episode["right_share"] <= 1.0 and 0.0 <= episode["actor_margin"] <= 0.5

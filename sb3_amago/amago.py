@@ -70,7 +70,7 @@ class UpdatesProgressBar(ProgressBarCallback):
 
 
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
-#: Updates after which the TD targets are checked once for nearly constant heads (see PopArt).
+#: Updates after which the TD targets are checked for nearly constant heads (see PopArt).
 POPART_CHECK_UPDATES = 1_000
 
 
@@ -461,15 +461,15 @@ class AMAGO(OffPolicyAlgorithm):
         self._warn_near_constant_targets()
 
     def _warn_near_constant_targets(self) -> None:
-        """Once per model, after ``POPART_CHECK_UPDATES`` updates: name the discount factors whose
-        targets PopArt finds nearly constant (:meth:`~sb3_amago.nets.popart.PopArt.near_constant_heads`)."""
+        """From ``POPART_CHECK_UPDATES`` updates on, until it has warned once: name the discount factors
+        whose targets PopArt finds nearly constant (:meth:`~sb3_amago.nets.popart.PopArt.near_constant_heads`)."""
         popart = self.policy.popart
-        if self._warned_near_constant or self._n_updates < POPART_CHECK_UPDATES:
+        if self._warned_near_constant or self._n_updates < POPART_CHECK_UPDATES or self.loss_config.pure_bc:
+            return
+        heads = popart.near_constant_heads()
+        if not heads:
             return
         self._warned_near_constant = True
-        heads = popart.near_constant_heads()
-        if not heads or self.loss_config.pure_bc:
-            return
         w = popart.w.detach()
         details = ", ".join(
             f"gamma {self.gammas[i]:g} (mean {float(popart.mu[i]):.3g}, std {float(popart.sigma[i]):.2g}, w {float(w[i]):.0f})"

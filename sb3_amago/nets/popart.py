@@ -53,7 +53,7 @@ class PopArt(nn.Module):
         """``(G,)`` standard deviation of the targets."""
         return (self.nu - self.mu**2).clamp(min=1e-4).sqrt()
 
-    def near_constant_heads(self, max_cv: float = 0.05, scale_ratio: float = 20.0) -> list[int]:
+    def near_constant_heads(self, max_cv: float = 0.05, scale_ratio: float = 10.0) -> list[int]:
         """Indices of the discount factors whose TD targets are nearly constant (std below ``max_cv``
         of the mean's magnitude) and whose output scale ``w`` has grown over ``scale_ratio`` times
         the median ``w`` as their std shrank. Such a head's normalised targets are mostly noise,

@@ -49,6 +49,8 @@ class EvalRecorder(BaseCallback):
     :param evaluate: evaluates the model, returning the row's measured columns
     :param stop: given the rows so far (the newest last), whether the run stops at the newest one
         (it is then the final row)
+    :param resumed_at: ``(env steps, wall_s)`` of the last row of the run this one continues (no
+        evaluation at the start then)
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class EvalRecorder(BaseCallback):
         on_row: Callable[[Row], None],
         at_start: bool = True,
         stop: Callable[[list[Row]], bool] | None = None,
+        resumed_at: tuple[int, float] | None = None,
     ) -> None:
         super().__init__()
         self.evaluate = evaluate
@@ -67,9 +70,12 @@ class EvalRecorder(BaseCallback):
         self.budget = budget
         self.run_fields = run_fields
         self.on_row = on_row
-        self.at_start = at_start
         self.stop = stop
-        self.next_eval = eval_freq
+        # A run resumed at (env steps, training seconds) of its last row: its next evaluation is the
+        # one an uninterrupted run would make next, and its seconds count on from that row's.
+        steps, self.wall_offset = resumed_at or (0, 0.0)
+        self.at_start = at_start and resumed_at is None
+        self.next_eval = (steps // eval_freq + 1) * eval_freq
         self.start = 0.0
         self.eval_seconds = 0.0
         self.rows: list[Row] = []
@@ -93,7 +99,7 @@ class EvalRecorder(BaseCallback):
 
     def _record(self, final: bool) -> None:
         began = time.perf_counter()
-        wall = began - self.start - self.eval_seconds
+        wall = self.wall_offset + began - self.start - self.eval_seconds
         measured = self.evaluate()
         self.eval_seconds += time.perf_counter() - began
         row = {**self.run_fields, "env_steps": self.num_timesteps, "wall_s": wall, **measured, "final": int(final)}
@@ -208,14 +214,28 @@ class CurveStore:
         """The runs (``run(row)`` names a row's run) that have a final row."""
         return {run(row) for row in self.read() if row["final"]}
 
-    def drop_unfinished(self, run: Callable[[Row], Hashable], only: Iterable[Hashable] | None = None) -> set:
+    def drop_unfinished(
+        self,
+        run: Callable[[Row], Hashable],
+        only: Iterable[Hashable] | None = None,
+        resumable: Mapping[Any, int] | None = None,
+    ) -> set:
         """Remove the rows of runs without a final row (interrupted runs), of the runs in ``only`` if
         given (so a process leaves alone the runs another process has in progress); return the
-        finished runs."""
+        finished runs. An interrupted run in ``resumable`` (run -> env steps of its checkpoint) keeps
+        its rows up to those steps, which the resumed run continues."""
         rows = self.read()
         finished = {run(row) for row in rows if row["final"]}
         dropped = None if only is None else set(only)
-        kept = [row for row in rows if run(row) in finished or (dropped is not None and run(row) not in dropped)]
+        resumable = resumable or {}
+
+        def keep(row: Row) -> bool:
+            key = run(row)
+            if key in finished or (dropped is not None and key not in dropped):
+                return True
+            return key in resumable and row["env_steps"] <= resumable[key]
+
+        kept = [row for row in rows if keep(row)]
         if len(kept) < len(rows):
             self.write(kept)
         return finished

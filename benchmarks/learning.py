@@ -96,11 +96,15 @@ seconds at which the mean over seeds first reaches 0.9, with the number of seeds
 
 import argparse
 import copy
+import json
+import pickle
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import cloudpickle
 import curves
 import gymnasium as gym
 import numpy as np
@@ -114,6 +118,7 @@ from stable_baselines3 import DQN, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
 from sb3_amago import AMAGO
@@ -392,13 +397,71 @@ def evaluate_model(model: BaseAlgorithm, eval_env: VecEnv, task: Task, n_episode
     return Evaluation(float(np.mean(returns)), float(np.std(returns)), task.score(returns, successes, per_trial), trials_text)
 
 
+class RunCheckpoint:
+    """A run's state at its last evaluation, so that a run cut short continues from there in a later
+    process (``--checkpoint-dir``): the model file, the replay (off-policy algorithms), the training
+    envs pickled where they allow it, and ``meta.json`` (env steps and training seconds of the row it
+    follows), written last, so a checkpoint without it is incomplete and ignored.
+
+    A resumed run continues with the saved weights, optimizer, replay and RNG states; with the envs
+    pickled it goes on from their saved state (the transition of the step being collected at the save
+    is lost), else from fresh resets. Either way it is not the bit-identical run an uninterrupted
+    process makes, and the CSV's rows after the checkpoint's are dropped and made again.
+    """
+
+    def __init__(self, root: Path, key: RunKey) -> None:
+        self.dir = root / f"{key.task}-{key.algo}-seed{key.seed}-budget{key.budget}"
+
+    def saved_at(self) -> tuple[int, float] | None:
+        """``(env steps, wall_s)`` of a complete checkpoint, or None."""
+        meta = self.dir / "meta.json"
+        if not meta.exists():
+            return None
+        data = json.loads(meta.read_text())
+        return int(data["env_steps"]), float(data["wall_s"])
+
+    def save(self, model: BaseAlgorithm, env: VecEnv, env_steps: int, wall_s: float) -> None:
+        (self.dir / "meta.json").unlink(missing_ok=True)  # incomplete until the new one is written
+        model.save(self.dir / "model.zip")
+        if isinstance(model, OffPolicyAlgorithm):
+            model.save_replay_buffer(self.dir / "replay.pkl")
+        try:
+            (self.dir / "envs.pkl").write_bytes(cloudpickle.dumps(env))
+        except (pickle.PicklingError, TypeError, AttributeError):  # envs that do not pickle restart from resets
+            (self.dir / "envs.pkl").unlink(missing_ok=True)
+        written = self.dir / "meta.json.tmp"
+        written.write_text(json.dumps({"env_steps": env_steps, "wall_s": wall_s}))
+        written.replace(self.dir / "meta.json")
+
+    def load(self, settings: RunSettings, env: VecEnv, device: str) -> tuple[BaseAlgorithm, VecEnv]:
+        """The saved model on the saved envs (or on ``env``, reset, where they were not saved)."""
+        pickled = self.dir / "envs.pkl"
+        if pickled.exists():
+            env.close()
+            env = pickle.loads(pickled.read_bytes())
+        model = settings.algo_class.load(self.dir / "model.zip", env=env, device=device, force_reset=not pickled.exists())
+        if isinstance(model, OffPolicyAlgorithm):
+            model.load_replay_buffer(self.dir / "replay.pkl")
+        return model, env
+
+    def clear(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def train_run(key: RunKey, config: "Config") -> None:
-    """Train one (task, algo, seed) under its budget, appending evaluation rows to the CSV."""
+    """Train one (task, algo, seed) under its budget, appending evaluation rows to the CSV; with
+    ``config.checkpoint_dir``, save the run at each evaluation and continue a saved one."""
     task = TASKS[key.task]
     settings = run_settings(task, key.algo, key.budget)
     env = make_envs(task, settings, settings.n_envs, key.seed, training=True)
     eval_env = make_envs(task, settings, min(EVAL_ENVS, config.eval_episodes), key.seed + EVAL_SEED_OFFSET, training=False)
-    model = settings.algo_class(env=env, seed=key.seed, device=config.device, verbose=0, **settings.kwargs)
+    checkpoint = RunCheckpoint(config.checkpoint_dir, key) if config.checkpoint_dir else None
+    resumed_at = checkpoint.saved_at() if checkpoint else None
+    if checkpoint and resumed_at:
+        model, env = checkpoint.load(settings, env, config.device)
+        print(f"    resumed at {resumed_at[0]:,} env steps from {checkpoint.dir}", flush=True)
+    else:
+        model = settings.algo_class(env=env, seed=key.seed, device=config.device, verbose=0, **settings.kwargs)
 
     def evaluate() -> dict[str, Any]:
         if settings.normalize:
@@ -412,12 +475,18 @@ def train_run(key: RunKey, config: "Config") -> None:
             f"train {row['wall_s']:,.0f} s",
             flush=True,
         )
+        if checkpoint and not row["final"]:
+            checkpoint.save(model, env, row["env_steps"], row["wall_s"])
 
     run_fields = {**key._asdict(), "commit": git_commit()}
-    recorder = EvalRecorder(evaluate, max(1, key.budget // config.evals), key.budget, run_fields, on_row)
-    model.learn(key.budget, callback=recorder)
+    eval_freq = max(1, key.budget // config.evals)
+    recorder = EvalRecorder(evaluate, eval_freq, key.budget, run_fields, on_row, resumed_at=resumed_at)
+    remaining = key.budget - (resumed_at[0] if resumed_at else 0)
+    model.learn(remaining, callback=recorder, reset_num_timesteps=resumed_at is None)
     env.close()
     eval_env.close()
+    if checkpoint:
+        checkpoint.clear()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -446,6 +515,7 @@ class Config:
     out_dir: Path
     prefix: str
     report_only: bool
+    checkpoint_dir: Path | None = None
 
     @property
     def csv_path(self) -> Path:
@@ -488,6 +558,11 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--device", default="cpu", help="torch device of every model (default cpu)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--report-only", action="store_true", help="write the report from the CSV, train nothing")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="save each run at every evaluation under this folder and continue a run saved there (see RunCheckpoint)",
+    )
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     tasks = tuple(TASKS[name] for name in (args.tasks or defaults["tasks"]))
@@ -504,13 +579,16 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         out_dir=args.out_dir,
         prefix="learning_quick" if args.quick else "learning",
         report_only=args.report_only,
+        checkpoint_dir=args.checkpoint_dir,
     )
 
 
 def run_all(config: Config) -> None:
     """Train every run the CSV does not hold yet, one after the other."""
     keys = config.run_keys()
-    finished = config.store.drop_unfinished(run_key, only=keys)
+    saved = {key: RunCheckpoint(config.checkpoint_dir, key).saved_at() for key in keys} if config.checkpoint_dir else {}
+    resumable = {key: at[0] for key, at in saved.items() if at is not None}
+    finished = config.store.drop_unfinished(run_key, only=keys, resumable=resumable)
     todo = [key for key in keys if key not in finished]
     print(f"{len(keys) - len(todo)} of {len(keys)} runs already in {config.csv_path}; {len(todo)} to go", flush=True)
     for number, key in enumerate(todo, 1):

@@ -1,5 +1,7 @@
 """The pure parts of benchmarks/learning.py: resuming, its CSV columns, the report. No training."""
 
+import dataclasses
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -53,6 +55,57 @@ def test_resume_skips_finished_runs_and_drops_interrupted_ones(tmp_path: Path, m
         learning.RunKey("RepeatFirstEasy", "ppo_lstm", 1, 300),
     ]
     assert config.store.read() == done + other_budget  # the interrupted run's row is gone
+
+
+def test_an_interrupted_run_with_a_checkpoint_keeps_its_rows_up_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = quick_config(tmp_path, "--tasks", "RepeatFirstEasy", "--algos", "amago", "--budget", "300")
+    config = dataclasses.replace(config, checkpoint_dir=tmp_path / "ckpt", seeds=(0, 1))
+    saved = make_rows("RepeatFirstEasy", "amago", 0, 300, [0.1, 0.2, 0.3], finished=False)
+    unsaved = make_rows("RepeatFirstEasy", "amago", 1, 300, [0.1, 0.2], finished=False)
+    config.store.write(saved + unsaved)
+    key = learning.RunKey("RepeatFirstEasy", "amago", 0, 300)
+    meta = learning.RunCheckpoint(config.checkpoint_dir, key).dir / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"env_steps": 100, "wall_s": 10.0}))  # saved at the second row
+    monkeypatch.setattr(learning, "train_run", lambda _key, _config: None)
+
+    learning.run_all(config)
+
+    assert config.store.read() == saved[:2]  # the rows after the checkpoint and the unsaved run's rows are gone
+
+
+def test_a_run_cut_short_continues_from_its_checkpoint(tmp_path: Path) -> None:
+    """Interrupted after its third evaluation, the run continues from the checkpoint saved there: one
+    row per evaluation step, training seconds that keep growing, one final row, checkpoint removed."""
+    argv = ["--tasks", "RepeatFirstEasy", "--algos", "amago", "--seeds", "0", "--budget", "240", "--evals", "4"]
+    config = learning.parse_config(
+        ["--quick", "--out-dir", str(tmp_path), "--eval-episodes", "1", "--checkpoint-dir", str(tmp_path / "ckpt"), *argv]
+    )
+    append, calls = learning.CurveStore.append, []
+
+    def append_then_stop(store: learning.CurveStore, row: learning.Row) -> None:
+        append(store, row)
+        calls.append(row["env_steps"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(learning.CurveStore, "append", append_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            learning.run_all(config)
+    key = learning.RunKey("RepeatFirstEasy", "amago", 0, 240)
+    checkpoint = learning.RunCheckpoint(config.checkpoint_dir, key)
+    assert checkpoint.saved_at() is not None and checkpoint.saved_at()[0] == calls[1]  # saved after the second row
+    assert (checkpoint.dir / "envs.pkl").exists()  # the POPGym envs pickle: the run goes on from their state
+
+    learning.run_all(config)
+
+    rows = config.store.read()
+    steps = [row["env_steps"] for row in rows]
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] >= 240
+    assert [row["final"] for row in rows] == [0] * (len(rows) - 1) + [1]
+    assert all(a["wall_s"] <= b["wall_s"] for a, b in itertools.pairwise(rows))
+    assert not checkpoint.dir.exists()
 
 
 def test_append_row_writes_the_header_once(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ AMAGO against variants of itself (its GRU and feed-forward trajectory encoders; 
     python benchmarks/learning.py --tasks CountRecallEasy --algos amago --seeds 1 2
     python benchmarks/learning.py --tasks TMaze100 --algos amago ppo_lstm --seeds 0 1 2 3 4 --budget 200000
     python benchmarks/learning.py --report-only        # table, json and plots from the CSV as it stands
+    python benchmarks/learning.py --tasks PositionOnlyPendulumEasy --algos amago --seeds 0 --checkpoint-dir ckpt
 
 Each process runs its runs one after the other (``--threads`` torch threads, 1 by default). Several
 processes may fill one CSV side by side with disjoint ``--tasks`` / ``--algos`` / ``--seeds``: each
@@ -88,7 +89,11 @@ T-maze: the share of episodes with ``info["is_success"]``).
 Results (``--out-dir``, default ``benchmarks/results``; ``<prefix>`` is ``learning`` or
 ``learning_quick``): ``<prefix>_curves.csv`` gets each evaluation's row as it happens, the last row of
 a run marked ``final``. On a restart, rows of runs without a final row are dropped and those runs
-start again; finished ``(task, algo, seed, budget)`` runs are skipped. The report (``<prefix>.md``,
+start again; finished ``(task, algo, seed, budget)`` runs are skipped. With ``--checkpoint-dir DIR``
+each run is saved there at every evaluation and a restart continues it from its last save instead
+(its rows up to that evaluation kept; see ``RunCheckpoint``): the way to run a cell longer than one
+sitting, e.g. AMAGO on PositionOnlyPendulumEasy (Box critics over 201-step windows and 7 gammas,
+about 5 s per update on one shared core). The report (``<prefix>.md``,
 ``<prefix>.json``, ``<prefix>_<task>.png``) is written at the end and by ``--report-only`` from the
 finished runs: final score mean +- std over seeds (population std), and the env steps and training
 seconds at which the mean over seeds first reaches 0.9, with the number of seeds whose own curve does.

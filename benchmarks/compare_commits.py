@@ -8,6 +8,7 @@ of the per-round ratios are reported, with the load average beside every figure.
 
     python benchmarks/compare_commits.py --base b580c91 --threads 2 --rounds 5
     python benchmarks/compare_commits.py --base HEAD~3 --lengths 64 --rounds 3 --updates 10
+    python benchmarks/compare_commits.py --base HEAD~1 --precision bf16 --name compare_commits_bf16
 
 Results: ``benchmarks/results/compare_commits.json`` / ``.md`` (``--name`` changes the file name).
 """
@@ -28,15 +29,16 @@ MEASURE = """
 import sys, torch as th
 th.set_num_threads(int(sys.argv[1]))
 from bench_updates import updates_per_second
-print(updates_per_second(int(sys.argv[2]), int(sys.argv[3])))
+print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16"))
 """
 
 
-def measure(tree: Path, threads: int, length: int, updates: int) -> float:
-    """Updates/s of the package in ``tree``, in a fresh process that imports it from there."""
+def measure(tree: Path, threads: int, length: int, updates: int, precision: str = "fp32") -> float:
+    """Updates/s of the package in ``tree``, in a fresh process that imports it from there
+    (``precision`` ``"bf16"``: under bf16 autocast)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates)],
+        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision],
         cwd=tree / "benchmarks",
         env=env,
         capture_output=True,
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=20, help="timed updates per measurement")
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: both sides under bf16 autocast")
     parser.add_argument("--name", default="compare_commits")
     args = parser.parse_args()
     base_commit = subprocess.run(
@@ -73,7 +76,7 @@ def main() -> None:
                 for round_ in range(args.rounds):
                     for side, tree in (("base", base_tree), ("new", REPO)):
                         loads.append(load_average())
-                        sides[side].append(measure(tree, args.threads, length, args.updates))
+                        sides[side].append(measure(tree, args.threads, length, args.updates, args.precision))
                         print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
                 ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
                 figures[f"speedup_L{length}"] = {
@@ -88,7 +91,13 @@ def main() -> None:
                 print(f"L={length}: {figures[f'speedup_L{length}']}")
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, check=False)
-    config = {"base": base_commit, "threads": args.threads, "rounds": args.rounds, "updates_per_measurement": args.updates}
+    config = {
+        "base": base_commit,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "updates_per_measurement": args.updates,
+        "precision": args.precision,
+    }
     write_results(args.name, config, figures, RESULTS_DIR)
 
 

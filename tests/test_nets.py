@@ -436,3 +436,16 @@ def test_fast_dropout_drops_at_its_rate_and_keeps_the_expectation(p: float) -> N
     y.sum().backward()
     assert th.allclose(x.grad, (y / x).detach())  # the gradient is the mask
     assert th.equal(layer.eval()(x), x)
+
+
+def test_fast_dropout_compiles_without_a_graph_break() -> None:
+    """Under torch.compile the layer is torch's dropout (its random op traces; FastDropout's
+    in-place ``random_`` would break the graph), still dropping at its rate."""
+    from sb3_amago.nets.dropout import FastDropout
+
+    layer = FastDropout(0.3)
+    explanation = th._dynamo.explain(layer)(th.ones(64, 64))
+    assert explanation.graph_break_count == 0
+    th.manual_seed(0)
+    y = th.compile(layer, backend="eager")(th.ones(200, 200))
+    assert (y == 0).float().mean().item() == pytest.approx(0.3, abs=0.02)

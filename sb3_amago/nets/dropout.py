@@ -52,6 +52,6 @@ class FastDropout(nn.Dropout):
     def forward(self, x: th.Tensor) -> th.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu" or self.p >= 1.0:
+        if x.device.type != "cpu" or self.p >= 1.0 or th.compiler.is_compiling():
             return F.dropout(x, self.p, True, self.inplace)
         return x * keep_mask(x.shape, self.p, x.dtype, x.device)

@@ -10,7 +10,10 @@ the model every ``--every`` env steps to ``--ckpt-dir``; each checkpoint then pl
 report gives: the episode lengths and how each ended (``x``: the cart left the track, ``theta``: the
 pole fell, ``limit``: 500 steps), the mean and final cart position, the share of steps that push
 right, the actor's mean margin ``|p(right) - 0.5|`` at the main gamma, and the critics' mean action
-gap ``|Q(right) - Q(left)|`` at the main gamma in return units beside the mean ``|Q|``. A policy that
+gap ``|Q(right) - Q(left)|`` at the main gamma in return units beside the mean ``|Q|``, and the
+critics' value of the action taken at each episode's last step (about 1 where the episode then fails:
+one reward and no future; a critic that has not learned where the track ends rates it like any
+other state). A policy that
 balances the pole but pushes one way more often drifts off the track in every episode; the sign of
 that drift across checkpoints, and the action gap against the values, say whether the critics can
 resolve what the policy needs.
@@ -62,7 +65,7 @@ def probe_episode(model: AMAGO, env: gym.Env, seed: int) -> dict[str, Any]:
     states: list[th.Tensor] = []
     hook = policy.actor.register_forward_hook(lambda _module, inputs, _out: states.append(inputs[0].detach()))
     obs, _ = env.reset(seed=seed)
-    context, positions, rights, margins, gaps, values = None, [], [], [], [], []
+    context, positions, rights, margins, gaps, values, taken = None, [], [], [], [], [], []
     done, t = False, 0
     while not done:
         action, context = model.predict(obs, state=context, episode_start=np.array([t == 0]), deterministic=True)
@@ -76,6 +79,7 @@ def probe_episode(model: AMAGO, env: gym.Env, seed: int) -> dict[str, Any]:
         margins.append(abs(float(probs[1]) - 0.5))
         gaps.append(abs(float(q_main[1] - q_main[0])))
         values.append(float(q_main.abs().mean()))
+        taken.append(float(q_main[action]))
         obs, _, terminated, truncated, _ = env.step(action)
         positions.append(float(obs["observation"][0] if isinstance(obs, dict) else obs[0]))
         done, t = terminated or truncated, t + 1
@@ -90,6 +94,7 @@ def probe_episode(model: AMAGO, env: gym.Env, seed: int) -> dict[str, Any]:
         "actor_margin": float(np.mean(margins)),
         "action_gap": float(np.mean(gaps)),
         "mean_abs_q": float(np.mean(values)),
+        "last_q": float(taken[-1]),
     }
 
 
@@ -134,6 +139,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
             f"{mean(row, 'actor_margin'):.3f}",
             f"{mean(row, 'action_gap'):.3f}",
             f"{mean(row, 'mean_abs_q'):.1f}",
+            " / ".join(f"{e['last_q']:.1f}" for e in row["episodes"]),
             f"{row['updates']:,}",
             f"{row['target_refreshes']:.1f}",
             f"{row['bootstrapped_value']:.1f}",
@@ -151,6 +157,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         "actor margin",
         "action gap",
         "mean abs Q",
+        "Q at the last step",
         "updates",
         "N",
         "bootstrapped value",

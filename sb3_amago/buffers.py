@@ -74,8 +74,9 @@ class TrajectoryReplayBuffer(ReplayBuffer):
 
     Sampling: rollouts uniformly (or in proportion to their length), those still running and the
     protected ones included (or, with ``protected_share``, that share of each batch from the
-    protected rollouts and the rest from the others); a window of up to ``max_seq_len + 1`` observations at a uniformly drawn start
-    (every start reachable; a rollout shorter than that is taken whole); windows padded on the
+    protected rollouts and the rest from the others); a window of up to ``max_seq_len + 1`` observations: a rollout that fits is taken whole,
+    a longer one from a uniformly drawn transition, cut short at the rollout's end, so that its
+    last steps are trained on as often as its middle (:meth:`draw_windows`); windows padded on the
     right to the longest in the batch. Randomness comes from the global ``np.random``, as in SB3.
     Storage is allocated on the first ``add``. ``hidden_keys`` lists the observation keys dropped
     from sampled batches (the relabeler's), which the policy must not see either.
@@ -393,10 +394,19 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         return self.index.num_rollouts()
 
     def draw_windows(self, n_obs: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Draw window offsets ``(B,)`` and lengths ``(B,)`` in rollouts of ``n_obs`` observations."""
+        """Draw window offsets ``(B,)`` and lengths ``(B,)`` in rollouts of ``n_obs`` observations.
+
+        A rollout that fits in one window (``max_seq_len + 1`` observations) is taken whole. In a
+        longer one the window starts at any of its transitions, and is cut short where the rollout
+        ends: each of its transitions is in ``max_seq_len`` of the possible windows (its first
+        ``max_seq_len - 1`` in fewer), its last ones included. Full-length windows only would put
+        the last transition, where a rollout terminates, in one window of ``n - max_seq_len + 1``.
+        """
         available = n_obs - first
-        length = np.minimum(available, self.max_seq_len + 1)
-        return first + np.random.randint(0, available - length + 1), length
+        whole = available <= self.max_seq_len + 1
+        offset = np.random.randint(0, np.where(whole, 1, available - 1))
+        length = np.where(whole, available, np.minimum(self.max_seq_len + 1, available - offset))
+        return first + offset, length
 
     def gather(
         self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str], protected: bool = False

@@ -103,20 +103,51 @@ def test_alignment_termination_and_truncation() -> None:
     assert buffer.size() == 5 + 7 + 3 + 12 + 6
 
 
-def test_windows_reach_every_start_and_the_end() -> None:
+def test_windows_of_a_long_rollout_cover_every_transition_as_often_as_the_middle() -> None:
+    """In a rollout longer than a window, windows start at any transition and are cut short at its
+    end: the last transition (the termination) is trained on as often as a middle one, and only
+    the first ``max_seq_len - 1`` transitions less often (in ``t + 1`` of the ``max_seq_len``)."""
     stream = Stream([[(20, False)]])
     buffer = make_buffer(max_seq_len=4)
-    stream.feed(buffer, 20)  # one finished rollout of 21 observations; the next starts with the next add
+    stream.feed(buffer, 20)  # one finished rollout of 21 observations (20 transitions)
     assert buffer.num_rollouts() == 1
-    starts, terminal_seen = set(), 0
-    stream.check(buffer.sample(16))
-    for _ in range(100):
+    np.random.seed(0)
+    coverage = np.zeros(20)
+    starts, lengths, n_windows = set(), set(), 0
+    for _ in range(200):
         batch = buffer.sample(16)
-        assert (batch.real.sum(1) == 5).all()
-        starts.update(batch.time_idx[:, 0].tolist())
-        terminal_seen += int(batch.terminated[:, 4].sum())
-    assert starts == set(range(17)), "windows of 5 observations in 21 must start at 0 .. 16"
-    assert terminal_seen > 0
+        stream.check(batch)
+        real = batch.real.sum(1).int()
+        for b in range(16):
+            start, n_obs = int(batch.time_idx[b, 0]), int(real[b])
+            assert batch.real[b, :n_obs].all(), "padding is on the right"
+            assert n_obs == min(5, 21 - start), "full windows, cut short only by the rollout's end"
+            assert bool(batch.terminated[b, n_obs - 1]) == (start + n_obs == 21)
+            coverage[start : start + n_obs - 1] += 1  # the window's transitions
+            starts.add(start)
+            lengths.add(n_obs)
+            n_windows += 1
+    assert starts == set(range(20)), "a window may start at any of the 20 transitions"
+    assert lengths == {2, 3, 4, 5}
+    share = coverage / n_windows  # expected: min(t + 1, 4) / 20 per transition t
+    expected = np.minimum(np.arange(20) + 1, 4) / 20
+    assert share == pytest.approx(expected, abs=0.025)
+    assert share[-1] == pytest.approx(share[10], abs=0.025), "the last transition as often as a middle one"
+
+
+def test_rollouts_that_fit_a_window_are_drawn_whole_with_one_draw_each() -> None:
+    """Rollouts of at most ``max_seq_len + 1`` observations: offset 0 (after a lost first row: 1) and
+    the whole rollout, one ``np.random`` draw per window, so runs whose windows hold whole rollouts
+    sample the same batches as when every window was drawn at a full-length start."""
+    buffer = make_buffer(max_seq_len=8)
+    n_obs, first = np.array([9, 3, 9, 5]), np.array([0, 0, 1, 0])
+    np.random.seed(3)
+    offsets, lengths = buffer.draw_windows(n_obs, first)
+    after = np.random.random()
+    np.random.seed(3)
+    np.random.randint(0, np.ones(4, dtype=np.int64))  # the one draw per window
+    assert after == np.random.random()
+    assert offsets.tolist() == [0, 0, 1, 0] and lengths.tolist() == [9, 3, 8, 5]
 
 
 def test_short_rollouts_taken_whole_and_padded() -> None:
@@ -131,7 +162,7 @@ def test_short_rollouts_taken_whole_and_padded() -> None:
         lengths.update(batch.real.sum(1).tolist())
         for b in range(6):
             assert batch.real[b, : int(batch.real[b].sum())].all(), "padding is on the right"
-    assert lengths == {3, 7}
+    assert lengths == {2, 3, 4, 5, 6, 7}  # 3: the short rollout whole; 2-7: the 11-observation one, cut at its end
 
 
 def test_in_progress_rollout_is_sampled() -> None:

@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -27,4 +28,5 @@ def test_cartpole_probe_reports_each_checkpoint(tmp_path: Path) -> None:
         (episode,) = row["episodes"]
         assert episode["end"] in {"x", "theta", "limit"} and 1 <= episode["length"] <= cartpole_probe.MAX_STEPS
         assert 0.0 <= episode["right_share"] <= 1.0 and 0.0 <= episode["actor_margin"] <= 0.5
+        assert np.isfinite(episode["last_q"]) and abs(episode["last_q"]) <= episode["mean_abs_q"] * episode["length"]
     assert "| 1,200 |" in (tmp_path / "cartpole_probe.md").read_text()

@@ -404,9 +404,8 @@ class TrajectoryReplayBuffer(ReplayBuffer):
         """
         available = n_obs - first
         whole = available <= self.max_seq_len + 1
-        offset = np.random.randint(0, np.where(whole, 1, available - 1))
-        length = np.where(whole, available, np.minimum(self.max_seq_len + 1, available - offset))
-        return first + offset, length
+        offset = np.random.randint(0, np.where(whole, 1, available - 1))  # 0 for a whole rollout
+        return first + offset, np.minimum(self.max_seq_len + 1, available - offset)
 
     def gather(
         self, cols: np.ndarray, starts: np.ndarray, length: np.ndarray, keys: list[str], protected: bool = False

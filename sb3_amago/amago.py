@@ -38,6 +38,7 @@ from sb3_amago.arguments import (
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.checkpoint import check_model_file, read_replay, run_state, set_run_state, write_atomically
+from sb3_amago.cpu_memory import keep_freed_memory
 from sb3_amago.datasets import dataset_rollouts, write_minari_dataset
 from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
@@ -280,6 +281,8 @@ class AMAGO(OffPolicyAlgorithm):
         # With distributed: join the process group, take this rank's device, log on rank 0 only.
         self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
         self.device = self._dist.device
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if not self._dist.is_main:
             self.set_logger(Logger(folder=None, output_formats=[]))
         self._setup_lr_schedule()

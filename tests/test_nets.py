@@ -1,5 +1,5 @@
 """Tests of the networks: trajectory encoders (full forward vs cached stepping, padding, sliding
-window), sigma-reparameterisation, the timestep encoder, dtypes and error messages."""
+window), sigma-reparameterisation, the timestep encoder, the action-input critics, dtypes and error messages."""
 
 import math
 from typing import cast
@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
+from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
 from sb3_amago.nets.transformer import apply_rotary, rotary_tables, sinusoidal_embedding
 
@@ -449,3 +450,23 @@ def test_fast_dropout_compiles_without_a_graph_break() -> None:
     th.manual_seed(0)
     y = th.compile(layer, backend="eager")(th.ones(200, 200))
     assert (y == 0).float().mean().item() == pytest.approx(0.3, abs=0.02)
+
+
+def test_action_input_critics_equal_their_mlp_on_the_concatenated_input() -> None:
+    """The split first layer (state once, gamma and action features per gamma) is the ensemble MLP
+    applied to ``[state, symlog(1 / (1 - gamma)), action]`` of every (step, gamma), in value and gradient."""
+    th.manual_seed(0)
+    gammas = th.tensor([0.9, 0.99, 0.999])
+    critics = ActionInputCritics(state_dim=6, encoded_dim=2, gammas=gammas, n_critics=3, hidden=(16, 16))
+    state = th.randn(2, 5, 6, requires_grad=True)
+    action = th.randn(2, 5, 3, 2, requires_grad=True)  # (B, L, G, A)
+    out = critics(state, action)  # (B, L, C, G)
+    tiled = state.unsqueeze(-2).expand(2, 5, 3, 6)
+    features = th.cat([tiled, gamma_features(gammas).expand(2, 5, 3, 1), action], dim=-1).reshape(1, -1, 9)
+    by_hand = critics.net(features.expand(3, -1, -1)).view(3, 2, 5, 3).movedim(0, -2)
+    assert out.shape == (2, 5, 3, 3)
+    th.testing.assert_close(out, by_hand)
+    grads = th.autograd.grad(out.square().sum(), (state, action, critics.net[0].weight))
+    grads_by_hand = th.autograd.grad(by_hand.square().sum(), (state, action, critics.net[0].weight))
+    for grad, grad_by_hand in zip(grads, grads_by_hand):
+        th.testing.assert_close(grad, grad_by_hand)

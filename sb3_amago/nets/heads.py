@@ -109,15 +109,25 @@ class EveryActionCritics(CriticEnsemble):
 
 class ActionInputCritics(CriticEnsemble):
     """Box / MultiDiscrete critics: ``forward(state (..., D), action (..., G, A))`` -> ``(..., C, G)``;
-    the input of each (critic, gamma) is ``[state, symlog(1 / (1 - gamma)), encoded action]``."""
+    the input of each (critic, gamma) is ``[state, symlog(1 / (1 - gamma)), encoded action]``.
+
+    The first layer is linear, so it runs on the state once per step and on the ``1 + A`` features of
+    each gamma apart, and the two are summed: the same layer as on the concatenated input, without
+    its ``G``-fold copies of the state (its largest input by far)."""
 
     def _make_net(self, state_dim: int, hidden: tuple[int, ...]) -> nn.Sequential:
         return mlp(state_dim + 1 + self.encoded_dim, hidden, 1, n_members=self.n_critics)
 
     def forward(self, state: th.Tensor, action: th.Tensor) -> th.Tensor:
-        lead = state.shape[:-1]
-        tiled = state.unsqueeze(-2).expand(*lead, self.n_gammas, state.shape[-1])  # (..., G, D)
+        lead, d_state = state.shape[:-1], state.shape[-1]
+        first, rest = self.net[0], self.net[1:]
+        assert isinstance(first, EnsembleLinear)
+        per_step = th.baddbmm(
+            first.bias, state.reshape(1, -1, d_state).expand(self.n_critics, -1, -1), first.weight[:, :d_state]
+        )
         gfeat = self.gamma_feat.to(state.dtype).expand(*lead, self.n_gammas, 1)
-        x = th.cat([tiled, gfeat, action], dim=-1).reshape(1, -1, tiled.shape[-1] + 1 + self.encoded_dim)
-        out = self.net(x.expand(self.n_critics, -1, -1)).view(self.n_critics, *lead, self.n_gammas)
+        per_gamma = th.cat([gfeat, action], dim=-1).reshape(1, -1, 1 + self.encoded_dim)  # (1, N * G, 1 + A)
+        per_gamma = th.bmm(per_gamma.expand(self.n_critics, -1, -1), first.weight[:, d_state:])  # (C, N * G, H)
+        hidden = per_step.unsqueeze(2) + per_gamma.view(self.n_critics, -1, self.n_gammas, per_gamma.shape[-1])
+        out = rest(hidden.view(self.n_critics, -1, hidden.shape[-1])).view(self.n_critics, *lead, self.n_gammas)
         return out.movedim(0, -2)  # (..., C, G)

@@ -13,23 +13,22 @@ import os
 #: Environment variable that turns the setting off ("0").
 ENV_VARIABLE = "SB3_AMAGO_KEEP_FREED_MEMORY"
 #: mallopt parameter numbers (malloc.h).
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-#: Blocks below this come from the heap: glibc's largest allowed value on 64-bit (32 MiB).
-MMAP_THRESHOLD = 32 * 2**20
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 #: The heap's free top is returned to the kernel only beyond this.
 TRIM_THRESHOLD = 2**30
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process (once); ``True`` where they were set,
+    """Serve every block from the heap (no ``mmap`` of its own, whatever its size) and raise glibc's
+    trim threshold, for this process (once); ``True`` where both were set,
     ``False`` where the C library is not glibc or ``SB3_AMAGO_KEEP_FREED_MEMORY=0`` says not to."""
     if os.environ.get(ENV_VARIABLE, "1") == "0":
         return False
     libc = _glibc()
     if libc is None:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -13,32 +13,19 @@ from sb3_amago.cpu_memory import ENV_VARIABLE, _glibc
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="the setting applies to glibc only")
 
-# Builds a CPU AMAGO whose critic ensemble's hidden layers are (4, 8 * 128, 256) floats (4 MiB each),
+# Builds a CPU AMAGO on T-maze (101-step rollouts) whose critic ensemble's hidden layers are
+# (4, 8 * 101, 256) floats (3 MiB each),
 # runs updates and prints the minor page faults per update (8 windows of 2) and whether the setting was applied.
 SCRIPT = textwrap.dedent(
     """
     import json, resource
-    import numpy as np
     import torch as th
-    from gymnasium import spaces
-    import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
     from sb3_amago import AMAGO
     from sb3_amago.cpu_memory import keep_freed_memory
 
-    class Env(gym.Env):
-        observation_space = spaces.Box(-1.0, 1.0, shape=(8,), dtype=np.float32)
-        action_space = spaces.Discrete(4)
-        def reset(self, *, seed=None, options=None):
-            super().reset(seed=seed)
-            self.t = 0
-            return self.observation_space.sample(), {}
-        def step(self, action):
-            self.t += 1
-            return self.observation_space.sample(), 0.0, False, self.t >= 1_000, {}
-
     th.set_num_threads(1)
-    model = AMAGO("TransformerPolicy", make_vec_env(Env, n_envs=2, seed=0), max_seq_len=128, batch_size=8,
+    model = AMAGO("TransformerPolicy", make_vec_env("amago-TMaze100-v0", n_envs=2, seed=0), max_seq_len=101, batch_size=8,
                   learning_starts=10**9, seed=0,
                   policy_kwargs={"traj_encoder_kwargs": {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 1}})
     model.learn(400)

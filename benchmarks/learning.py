@@ -93,7 +93,7 @@ start again; finished ``(task, algo, seed, budget)`` runs are skipped. With ``--
 each run is saved there at every evaluation and a restart continues it from its last save instead
 (its rows up to that evaluation kept; see ``RunCheckpoint``): the way to run a cell longer than one
 sitting, e.g. AMAGO on PositionOnlyPendulumEasy (Box critics over 201-step windows and 7 gammas,
-about 5 s per update on one shared core). The report (``<prefix>.md``,
+about 2 s per update on one core). The report (``<prefix>.md``,
 ``<prefix>.json``, ``<prefix>_<task>.png``) is written at the end and by ``--report-only`` from the
 finished runs: final score mean +- std over seeds (population std), and the env steps and training
 seconds at which the mean over seeds first reaches 0.9, with the number of seeds whose own curve does.

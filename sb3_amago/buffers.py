@@ -77,7 +77,8 @@ class TrajectoryReplayBuffer(ReplayBuffer):
     protected rollouts and the rest from the others); then a window of up to ``max_seq_len + 1``
     observations: a rollout that fits is taken whole, a longer one from a uniformly drawn
     transition, cut short at the rollout's end, so that its last steps are trained on as often as
-    its middle (:meth:`draw_windows`); windows padded on the right to the longest in the batch. Randomness comes from the global ``np.random``, as in SB3.
+    its middle (:meth:`draw_windows`); windows padded on the right to the longest in the batch.
+    Randomness comes from the global ``np.random``, as in SB3.
     Storage is allocated on the first ``add``. ``hidden_keys`` lists the observation keys dropped
     from sampled batches (the relabeler's), which the policy must not see either.
 

@@ -11,6 +11,8 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
   update's FLOPs over that time); its share of an update's time is the roofline share, and the rest
   is time outside matrix products (elementwise ops, the optimizer, Python). The machine's peak, a
   2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions.
+- Updates per second at L = 64 with 2-dimensional Box actions in place of Discrete(4) (their
+  critics take the action as input, so they run once per discount factor: the costly case).
 - Env steps per second while collecting with 16 envs and the key/value cache, per-step acting
   latency, and the share of replay sampling in one training step at batch 24 x window 1,024.
 
@@ -72,11 +74,12 @@ MATRIX_OPS = {
 
 
 class LongEpisodeEnv(gym.Env):
-    """16 float features, 4 actions, rewards at random, 2,000-step episodes: windows are always full."""
+    """16 float features, 4 actions (``continuous``: a 2-dimensional Box), rewards at random,
+    2,000-step episodes: windows are always full."""
 
-    def __init__(self) -> None:
+    def __init__(self, continuous: bool = False) -> None:
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(16,), dtype=np.float32)
-        self.action_space = spaces.Discrete(4)
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32) if continuous else spaces.Discrete(4)
         self.t = 0
 
     def reset(self, *, seed=None, options=None):
@@ -89,8 +92,10 @@ class LongEpisodeEnv(gym.Env):
         return self.observation_space.sample(), float(self.np_random.random() < 0.1), False, self.t >= 2_000, {}
 
 
-def make_model(n_envs: int, max_seq_len: int, buffer_size: int, device: str = "cpu", compile_model: bool = False) -> AMAGO:
-    env = make_vec_env(LongEpisodeEnv, n_envs=n_envs, seed=0)
+def make_model(
+    n_envs: int, max_seq_len: int, buffer_size: int, device: str = "cpu", compile_model: bool = False, continuous: bool = False
+) -> AMAGO:
+    env = make_vec_env(LongEpisodeEnv, n_envs=n_envs, seed=0, env_kwargs={"continuous": continuous})
     return AMAGO(
         "TransformerPolicy",
         env,
@@ -106,9 +111,11 @@ def make_model(n_envs: int, max_seq_len: int, buffer_size: int, device: str = "c
     )
 
 
-def trained_model(max_seq_len: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False) -> AMAGO:
+def trained_model(
+    max_seq_len: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False, continuous: bool = False
+) -> AMAGO:
     """The reference model with a replay of full windows, after 3 warm-up updates (and compilation)."""
-    model = make_model(4, max_seq_len, 50_000, device, compile_model)
+    model = make_model(4, max_seq_len, 50_000, device, compile_model, continuous)
     model.mixed_precision = mixed_precision
     model.learn(4 * (max_seq_len + 64))
     model.train(gradient_steps=3, batch_size=8)
@@ -116,9 +123,16 @@ def trained_model(max_seq_len: int, mixed_precision: bool = False, device: str =
 
 
 def updates_per_second(
-    max_seq_len: int, n_updates: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False
+    max_seq_len: int,
+    n_updates: int,
+    mixed_precision: bool = False,
+    device: str = "cpu",
+    compile_model: bool = False,
+    continuous: bool = False,
 ) -> float:
-    model = trained_model(max_seq_len, mixed_precision, device, compile_model)
+    """Updates/s of the reference model (``continuous``: with Box actions, whose critics run once per
+    discount factor, in place of Discrete(4))."""
+    model = trained_model(max_seq_len, mixed_precision, device, compile_model, continuous)
     synchronize = th.cuda.synchronize if model.device.type == "cuda" else lambda: None
     synchronize()
     start = time.perf_counter()
@@ -280,6 +294,9 @@ def main() -> None:
         roof = roofline(length, n)
         figures[f"roofline_share_L{length}"] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}
         print(f"L={length} roofline: {figures[f'roofline_share_L{length}']}")
+    box = updates_per_second(64, max(1, n // 4), continuous=True)
+    figures["updates_per_s_L64_box"] = {"value": box, "unit": "updates/s", "actions": "Box(-1, 1, (2,))"}
+    print(f"L=64 Box actions: {box:.2f} updates/s")
     coll = collection(n_envs=16, steps=20 if args.quick else 200)
     figures["collect_env_steps_per_s_16_envs"] = {"value": coll["env_steps_per_s"], "unit": "env steps/s"}
     figures["predict_latency_16_envs"] = {"value": coll["predict_ms_16_envs_median"], "unit": "ms per call (median)"}

@@ -4,6 +4,7 @@ whole rollouts with one loss (see :mod:`sb3_amago.loss`), and SB3's learn / pred
 import contextlib
 import dataclasses
 import functools
+import inspect
 import pathlib
 import time
 import warnings
@@ -34,6 +35,7 @@ from sb3_amago.arguments import (
     critics_from_policy_kwargs,
     n_step_setting,
     warn_short_replay,
+    warn_unused_schedule,
     warn_without_reward_input,
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
@@ -246,6 +248,15 @@ class AMAGO(OffPolicyAlgorithm):
         self.rollout_exploration_horizon = rollout_exploration_horizon
         self.exploration = chosen_exploration(exploration, action_noise)  # type: ignore[assignment]  # None: built at setup
         self._exploration_from_args = self.exploration is None
+        if not self._exploration_from_args:
+            given = {
+                "epsilon_start": epsilon_start,
+                "epsilon_end": epsilon_end,
+                "exploration_steps": exploration_steps,
+                "rollout_exploration_horizon": rollout_exploration_horizon,
+            }
+            defaults = {name: p.default for name, p in inspect.signature(AMAGO.__init__).parameters.items()}
+            warn_unused_schedule(self.exploration, given, defaults)
         self.relabeler = relabeler
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model

@@ -49,6 +49,27 @@ def chosen_exploration(exploration: Exploration | None, action_noise: ActionNois
     return ActionNoiseExploration(action_noise)
 
 
+#: AMAGO's arguments that build its default epsilon schedule.
+SCHEDULE_ARGUMENTS = ("epsilon_start", "epsilon_end", "exploration_steps", "rollout_exploration_horizon")
+
+
+def warn_unused_schedule(exploration: Exploration, given: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Warn that the schedule arguments set away from their defaults change nothing when
+    ``exploration`` (a user's object, or SB3 action noise) takes the schedule's place.
+
+    :param given: the values AMAGO got for :data:`SCHEDULE_ARGUMENTS`
+    :param defaults: their defaults in AMAGO's signature
+    """
+    changed = [f"{name}={given[name]!r}" for name in SCHEDULE_ARGUMENTS if given[name] != defaults[name]]
+    if changed:
+        warnings.warn(
+            f"{', '.join(changed)} change nothing: the exploration given ({type(exploration).__name__}) takes the "
+            "place of the epsilon schedule these arguments build. Set them on the exploration object, or drop "
+            "exploration= / action_noise= to use them.",
+            stacklevel=3,
+        )
+
+
 def critics_from_policy_kwargs(policy_kwargs: dict[str, Any] | None, n_critics: int) -> tuple[dict[str, Any] | None, int]:
     """``policy_kwargs`` without ``n_critics``, and the number of critics: the one in ``policy_kwargs``
     (where SAC / TQC users put it) if given, else AMAGO's ``n_critics`` argument.

@@ -14,7 +14,8 @@ One :class:`Exploration` object per model, with its own state (saved and resumed
   loaded (the state must be what continuing the run exactly needs, as CPU copies).
 
 Implementations: :class:`EpsilonSchedule` (the default), :class:`BiLevelSchedule` (the default with
-``rollout_exploration_horizon``) and :class:`ActionNoiseExploration` (SB3's ``ActionNoise``, for Box
+``rollout_exploration_horizon``), :class:`QuietSpanSchedule` (little exploration over a span of each
+rollout, e.g. the T-maze's corridor) and :class:`ActionNoiseExploration` (SB3's ``ActionNoise``, for Box
 actions). Any randomness should come from the global RNGs (numpy's, torch's), whose states the
 saved run carries.
 """
@@ -128,6 +129,53 @@ class BiLevelSchedule(EpsilonSchedule):
     def env_levels(self, action: th.Tensor, time_idx: th.Tensor, num_timesteps: int) -> th.Tensor:
         t = time_idx.to(action.dtype) / self.horizon
         return super().env_levels(action, time_idx, num_timesteps) * (1.0 - 0.95 * t.clamp(max=1.0))
+
+
+class QuietSpanSchedule(EpsilonSchedule):
+    """:class:`EpsilonSchedule`'s level outside a span of each rollout's time indices, a small fixed
+    level inside it.
+
+    For rollouts with a stretch where one random action spoils what comes after it, followed (or
+    preceded) by the choices worth exploring. The passive T-maze is the case: its corridor needs
+    ``H`` "right" steps in a row before the choice at the junction. Noise at level ``eps`` along the
+    corridor lets only a share of about ``exp(-0.75 eps H)`` of the rollouts reach the junction, and
+    noise that decays along the rollout (:class:`BiLevelSchedule`) leaves almost none for the choice:
+    both starve the one decision the task tests (memory, not exploration). Quiet in the corridor
+    (``quiet_start=0, quiet_end=H``, a level of about ``0.5 / H``), every rollout that reaches the
+    junction explores its choice at the annealed level. The original AMAGO trains its T-maze with a
+    schedule of this kind.
+
+    :param quiet_start: first time index of the span
+    :param quiet_end: time index just after the span (``quiet_start < quiet_end``)
+    :param quiet_level: the level at time indices in the span (neither annealed nor scaled per env)
+    """
+
+    def __init__(
+        self,
+        start: float = 1.0,
+        end: float = 0.05,
+        steps: int = 1_000_000,
+        quiet_start: int = 0,
+        quiet_end: int = 1,
+        quiet_level: float = 0.0,
+    ) -> None:
+        if not 0 <= quiet_start < quiet_end:
+            raise ValueError(
+                f"QuietSpanSchedule needs 0 <= quiet_start < quiet_end (the span of time indices with little "
+                f"exploration), got quiet_start={quiet_start}, quiet_end={quiet_end}."
+            )
+        if not 0.0 <= quiet_level <= 1.0:
+            raise ValueError(f"QuietSpanSchedule's quiet_level must lie in [0, 1], got {quiet_level}.")
+        super().__init__(start, end, steps)
+        self.quiet_start = quiet_start
+        self.quiet_end = quiet_end
+        self.quiet_level = quiet_level
+
+    def env_levels(self, action: th.Tensor, time_idx: th.Tensor, num_timesteps: int) -> th.Tensor:
+        levels = super().env_levels(action, time_idx, num_timesteps)
+        t = time_idx.to(levels.device)
+        quiet = (t >= self.quiet_start) & (t < self.quiet_end)
+        return levels.masked_fill(quiet, self.quiet_level)
 
 
 def epsilon_schedule(start: float, end: float, steps: int, horizon: int | None) -> EpsilonSchedule:

@@ -16,9 +16,9 @@ subprocess envs import it too, through the ids' entry points.
 
 The hyperparameter file, ``sb3_amago/hyperparams/amago.yml`` (package data; the repository's
 ``rl_zoo_hyperparams/amago.yml`` is the same file), follows the zoo's format. String values of
-``policy_kwargs``, ``replay_buffer_kwargs`` and ``relabeler`` are Python expressions, evaluated
-with the zoo's names plus the relabelers of :mod:`sb3_amago.relabel` (which ``-params`` values
-may use as well). Keys AMAGO does not take are reported by name before any env is made.
+``policy_kwargs``, ``replay_buffer_kwargs``, ``relabeler`` and ``exploration`` are Python
+expressions, evaluated with the zoo's names plus the relabelers of :mod:`sb3_amago.relabel` and the
+schedules of :mod:`sb3_amago.exploration` (which ``-params`` values may use as well). Keys AMAGO does not take are reported by name before any env is made.
 """
 
 import argparse
@@ -37,6 +37,7 @@ from gymnasium.envs.registration import load_env_creator
 
 import sb3_amago
 from sb3_amago.amago import AMAGO
+from sb3_amago.exploration import BiLevelSchedule, EpsilonSchedule, Exploration, QuietSpanSchedule
 from sb3_amago.relabel import GoalEnvRelabeler, HindsightInstructionRelabeler, Relabeler
 
 try:
@@ -55,12 +56,20 @@ ALGO = "amago"
 #: The hyperparameter file the zoo reads for AMAGO unless ``--conf-file`` names another.
 HYPERPARAMS_FILE = Path(__file__).resolve().parent / "hyperparams" / "amago.yml"
 #: Hyperparameters whose string values are Python expressions.
-EVALUATED_KEYS = ("policy_kwargs", "replay_buffer_kwargs", "relabeler")
+EVALUATED_KEYS = ("policy_kwargs", "replay_buffer_kwargs", "relabeler", "exploration")
 #: Names hyperparameter expressions may use besides the zoo's own (``dict``, ``nn``, ``th``, ...).
 EXPRESSION_NAMES: dict[str, Any] = {
     "sb3_amago": sb3_amago,
     "HindsightInstructionRelabeler": HindsightInstructionRelabeler,
     "GoalEnvRelabeler": GoalEnvRelabeler,
+    "EpsilonSchedule": EpsilonSchedule,
+    "BiLevelSchedule": BiLevelSchedule,
+    "QuietSpanSchedule": QuietSpanSchedule,
+}
+#: Expression keys whose value must be an object of a kind: key -> (base class, an example).
+OBJECT_KEYS: dict[str, tuple[type, str]] = {
+    "relabeler": (Relabeler, "HindsightInstructionRelabeler(strategy='some')"),
+    "exploration": (Exploration, "QuietSpanSchedule(steps=100_000, quiet_end=100, quiet_level=0.005)"),
 }
 #: AMAGO arguments the zoo sets from its own flags, never from the hyperparameters.
 ZOO_FLAG_KEYS = {
@@ -141,12 +150,13 @@ def check_hyperparameters(hyperparams: Mapping[str, Any], where: Callable[[str],
             raise ZooConfigError(f"'{key}' ({where(key)}) is set by the zoo's {ZOO_FLAG_KEYS[key]} flag: remove the key.")
         if key not in amago_args:
             raise _unknown_key_error(key, "AMAGO", where(key), amago_args, f", and the zoo's own keys {', '.join(ZOO_KEYS)}")
-    relabeler = hyperparams.get("relabeler")
-    if relabeler is not None and not isinstance(relabeler, Relabeler):
-        raise ZooConfigError(
-            f"relabeler ({where('relabeler')}) must be a relabeler of sb3_amago.relabel, e.g. "
-            f"\"HindsightInstructionRelabeler(strategy='some')\", got {relabeler!r}."
-        )
+    for key, (kind, example) in OBJECT_KEYS.items():
+        value = hyperparams.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise ZooConfigError(
+                f'{key} ({where(key)}) must be an instance of {kind.__module__}.{kind.__name__}, e.g. "{example}", '
+                f"got {value!r}."
+            )
     policy_kwargs = hyperparams.get("policy_kwargs") or {}
     if not isinstance(policy_kwargs, Mapping):
         raise ZooConfigError(f"policy_kwargs ({where('policy_kwargs')}) must be a dict, got {policy_kwargs!r}.")

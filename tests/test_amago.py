@@ -22,7 +22,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_amago import AMAGO, PrevRewardWrapper
 from sb3_amago.buffers import TrajectoryReplayBuffer
-from sb3_amago.exploration import ActionNoiseExploration, BiLevelSchedule, Exploration
+from sb3_amago.exploration import ActionNoiseExploration, BiLevelSchedule, Exploration, QuietSpanSchedule
 from sb3_amago.loss import LossConfig
 from sb3_amago.nets import GRUTrajEncoder
 from sb3_amago.policies import AmagoState
@@ -854,6 +854,34 @@ def test_exploration_bi_level_schedule_decays_with_the_time_index() -> None:
     assert float((out == 0.0).float().mean()) == pytest.approx(1 - 0.525 * 2 / 3, abs=0.03)
 
 
+def test_exploration_quiet_span_is_fixed_inside_and_the_schedule_outside() -> None:
+    """QuietSpanSchedule: the fixed quiet level at time indices in [quiet_start, quiet_end) (no per-env
+    multiplier), the annealed epsilon times the multiplier elsewhere."""
+    K = 4000
+    times = [0, 2, 5, 6, 9]
+    inside = [False, True, True, False, False]
+    schedule = QuietSpanSchedule(start=0.4, end=0.1, steps=100, quiet_start=2, quiet_end=6, quiet_level=0.02)
+    model, state = _exploration_model(ACTION_SPACES["box"], [0.5] * (len(times) * K), exploration=schedule)
+    state = dataclasses.replace(state, time_idx=th.tensor(times).repeat_interleave(K))
+    for steps, eps in ((0, 0.4), (50, 0.25), (500, 0.1)):
+        model.num_timesteps = steps
+        assert model.epsilon() == pytest.approx(eps)
+        th.manual_seed(0)
+        out = _explore(model, th.zeros(len(times) * K, 2), state)
+        for i, (t, quiet) in enumerate(zip(times, inside)):
+            assert float(out[i * K : (i + 1) * K].std()) == pytest.approx(0.02 if quiet else 0.5 * eps, rel=0.05), (steps, t)
+    # Discrete: a quiet level of 0 keeps the greedy action everywhere in the span.
+    schedule = QuietSpanSchedule(quiet_start=0, quiet_end=3, quiet_level=0.0)
+    model, state = _exploration_model(ACTION_SPACES["discrete"], [1.0] * (2 * K), exploration=schedule)
+    state = dataclasses.replace(state, time_idx=th.tensor([1, 3]).repeat_interleave(K))
+    out = _explore(model, th.zeros(2 * K, 1), state)
+    assert th.equal(out[:K], th.zeros(K, 1))
+    assert float((out[K:] == 0.0).float().mean()) == pytest.approx(1 / 3, abs=0.03)
+    for bad in ({"quiet_start": 3, "quiet_end": 3}, {"quiet_start": -1}, {"quiet_level": 1.5}):
+        with pytest.raises(ValueError, match="QuietSpanSchedule"):
+            QuietSpanSchedule(**bad)
+
+
 def test_exploration_multiplier_is_redrawn_only_for_finished_envs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-env U(0, 1) multiplier is drawn at the start of learn and redrawn only for envs whose episode ended."""
     env = DummyVecEnv([lambda: CountingEnv(length=3), lambda: CountingEnv(length=5), lambda: CountingEnv(length=1000)])
@@ -947,6 +975,9 @@ def test_exploration_arguments_are_checked() -> None:
         tiny_model(CountingEnv(), action_noise=NormalActionNoise(np.zeros(1), np.ones(1)))
     with pytest.raises(ValueError, match="not both"):
         tiny_model(CountingEnv(), action_noise=CountingNoise(), exploration=CountingExploration())
+    # Schedule arguments beside an exploration object would change nothing: said, not silently dropped.
+    with pytest.warns(UserWarning, match="exploration_steps=10, rollout_exploration_horizon=51 change nothing"):
+        tiny_model(CountingEnv(), exploration=CountingExploration(), rollout_exploration_horizon=51, exploration_steps=10)
 
 
 def test_action_noise_run_resumes_identically(tmp_path) -> None:

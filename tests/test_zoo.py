@@ -23,6 +23,7 @@ pytest.importorskip("rl_zoo3")
 from sb3_amago import AMAGO, zoo
 from sb3_amago.envs import registered_ids
 from sb3_amago.envs.popgym_envs import POPGYM_RETURN_RANGES
+from sb3_amago.exploration import QuietSpanSchedule
 from sb3_amago.relabel import HindsightInstructionRelabeler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def tmaze_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_zoo(
         cwd, "train", "--env", "amago-TMaze-v0", "--env-kwargs", f"corridor_length:{TMAZE_H}", "-n", "300",
         "--eval-freq", "150", "--eval-episodes", "2", "--save-freq", "150", "-tb", "tb", *COMMON,
-        "-params", "n_envs:2", f"max_seq_len:{TMAZE_H + 1}", f"rollout_exploration_horizon:{TMAZE_H + 1}",
+        "-params", "n_envs:2", f"max_seq_len:{TMAZE_H + 1}", f"exploration:QuietSpanSchedule(steps=200, quiet_end={TMAZE_H}, quiet_level=0.1)",
         "buffer_size:10000", "learning_starts:100", TINY_POLICY,
     )  # fmt: skip
     return cwd
@@ -153,8 +154,9 @@ def test_sampler_and_converter() -> None:
     assert HYPERPARAMS_CONVERTER["amago"](trial.params) == sampled
 
 
-def test_relabeler_from_the_command_line() -> None:
-    """``-params`` values are evaluated by the zoo's StoreDict, which sees the relabelers once registered."""
+def test_relabeler_and_exploration_from_the_command_line() -> None:
+    """``-params`` values are evaluated by the zoo's StoreDict, which sees the relabelers and
+    exploration schedules once registered."""
     from rl_zoo3.utils import StoreDict
 
     zoo.register()
@@ -162,6 +164,8 @@ def test_relabeler_from_the_command_line() -> None:
     parser.add_argument("-params", nargs="+", action=StoreDict)
     params = parser.parse_args(["-params", "relabeler:HindsightInstructionRelabeler(strategy='all')"]).params
     assert isinstance(params["relabeler"], HindsightInstructionRelabeler) and params["relabeler"].strategy == "all"
+    params = parser.parse_args(["-params", "exploration:QuietSpanSchedule(quiet_end=9, quiet_level=0.05)"]).params
+    assert isinstance(params["exploration"], QuietSpanSchedule) and params["exploration"].quiet_end == 9
 
 
 def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,7 +279,8 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             ["relabeler:'HindsightRelabel()'"],
             "Cannot evaluate hyperparameter 'relabeler' = 'HindsightRelabel()' (from -params): NameError",
         ),
-        (["relabeler:5"], "relabeler (from -params) must be a relabeler of sb3_amago.relabel"),
+        (["relabeler:5"], "relabeler (from -params) must be an instance of sb3_amago.relabel.Relabeler"),
+        (["exploration:0.1"], "exploration (from -params) must be an instance of sb3_amago.exploration.Exploration"),
     ],
 )
 def test_bad_hyperparameter_is_named(

@@ -87,6 +87,10 @@ class EpsilonSchedule(Exploration):
         #: ``(N,)`` the per-env multipliers, None before :meth:`reset`.
         self.scale: np.ndarray | None = None
 
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{key}={value!r}" for key, value in vars(self).items() if key != "scale")
+        return f"{type(self).__name__}({settings})"
+
     def reset(self, n_envs: int) -> None:
         self.scale = np.random.uniform(0.0, 1.0, size=n_envs)
 

@@ -861,6 +861,8 @@ def test_exploration_quiet_span_is_fixed_inside_and_the_schedule_outside() -> No
     times = [0, 2, 5, 6, 9]
     inside = [False, True, True, False, False]
     schedule = QuietSpanSchedule(start=0.4, end=0.1, steps=100, quiet_start=2, quiet_end=6, quiet_level=0.02)
+    # Its repr is the call that makes it (the learning records list the settings a run took).
+    assert repr(schedule) == "QuietSpanSchedule(start=0.4, end=0.1, steps=100, quiet_start=2, quiet_end=6, quiet_level=0.02)"
     model, state = _exploration_model(ACTION_SPACES["box"], [0.5] * (len(times) * K), exploration=schedule)
     state = dataclasses.replace(state, time_idx=th.tensor(times).repeat_interleave(K))
     for steps, eps in ((0, 0.4), (50, 0.25), (500, 0.1)):

@@ -134,6 +134,7 @@ def test_optimize_two_trials(tmp_path: Path) -> None:
         "--n-trials", "2", "-n", "120", "--n-evaluations", "1", "--eval-episodes", "1", "--sampler", "random",
         "--pruner", "none", "--no-optim-plots", *COMMON,
         "-params", "n_envs:2", "max_seq_len:4", "buffer_size:5000", "learning_starts:40", TINY_POLICY,
+        "exploration:None",  # the schedule from the arguments, whose epsilon_end the trials sample
     )  # fmt: skip
     assert "Number of finished trials:  2" in output
     (report,) = (tmp_path / "logs" / "amago").glob("report_amago-TMaze-v0_2-trials-120-random-none_*.csv")

@@ -58,9 +58,9 @@ PositionOnlyPendulum                               ``PendulumNoVel-v1`` (tuned) 
 
 Each entry's ``n_timesteps`` gives way to the budget. Where the budget is below it, an exploration
 schedule written in the entry keeps its share of training (``exploration_steps`` is scaled by
-``budget / n_timesteps``; an ``exploration`` object, as in the T-maze entries, is taken as written,
-its anneal already within the budget); ``buffer_size`` never exceeds the budget (a larger replay would stay
-partly empty). ``learning_starts`` is kept: it sizes the first replay, not the run. Where a task
+``budget / n_timesteps``; an ``exploration`` object, as in the T-maze entries, is taken as
+written, its anneal already within the budget); ``buffer_size`` never exceeds the budget (a larger
+replay would stay partly empty). ``learning_starts`` is kept: it sizes the first replay, not the run. Where a task
 says so (``Task.amago_kwargs``), AMAGO's entry takes the d_model-128 Transformer of the POPGym
 entries (T-maze, key-to-door, MazeRunner: the CPU scale), the window of a shortened rollout, and a
 ``learning_starts`` of one rollout per env; the report's JSON lists every setting as run. The zoo's own preprocessing turns ``lin_<x>`` values into linear schedules and

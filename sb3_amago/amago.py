@@ -249,14 +249,7 @@ class AMAGO(OffPolicyAlgorithm):
         self.exploration = chosen_exploration(exploration, action_noise)  # type: ignore[assignment]  # None: built at setup
         self._exploration_from_args = self.exploration is None
         if not self._exploration_from_args:
-            given = {
-                "epsilon_start": epsilon_start,
-                "epsilon_end": epsilon_end,
-                "exploration_steps": exploration_steps,
-                "rollout_exploration_horizon": rollout_exploration_horizon,
-            }
-            defaults = {name: p.default for name, p in inspect.signature(AMAGO.__init__).parameters.items()}
-            warn_unused_schedule(self.exploration, given, defaults)
+            warn_unused_schedule(self.exploration, vars(self), inspect.signature(AMAGO.__init__))
         self.relabeler = relabeler
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model

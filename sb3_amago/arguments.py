@@ -1,7 +1,9 @@
 """Checks of AMAGO's constructor arguments: each raises a ValueError naming the argument and the fix,
 at construction rather than at the first update."""
 
+import inspect
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from gymnasium import spaces
@@ -53,14 +55,16 @@ def chosen_exploration(exploration: Exploration | None, action_noise: ActionNois
 SCHEDULE_ARGUMENTS = ("epsilon_start", "epsilon_end", "exploration_steps", "rollout_exploration_horizon")
 
 
-def warn_unused_schedule(exploration: Exploration, given: dict[str, Any], defaults: dict[str, Any]) -> None:
+def warn_unused_schedule(exploration: Exploration, settings: Mapping[str, Any], signature: inspect.Signature) -> None:
     """Warn that the schedule arguments set away from their defaults change nothing when
     ``exploration`` (a user's object, or SB3 action noise) takes the schedule's place.
 
-    :param given: the values AMAGO got for :data:`SCHEDULE_ARGUMENTS`
-    :param defaults: their defaults in AMAGO's signature
+    :param settings: AMAGO's attributes, holding the values it got for :data:`SCHEDULE_ARGUMENTS`
+    :param signature: AMAGO's constructor signature, holding their defaults
     """
-    changed = [f"{name}={given[name]!r}" for name in SCHEDULE_ARGUMENTS if given[name] != defaults[name]]
+    changed = [
+        f"{name}={settings[name]!r}" for name in SCHEDULE_ARGUMENTS if settings[name] != signature.parameters[name].default
+    ]
     if changed:
         warnings.warn(
             f"{', '.join(changed)} change nothing: the exploration given ({type(exploration).__name__}) takes the "

@@ -18,7 +18,8 @@ The hyperparameter file, ``sb3_amago/hyperparams/amago.yml`` (package data; the 
 ``rl_zoo_hyperparams/amago.yml`` is the same file), follows the zoo's format. String values of
 ``policy_kwargs``, ``replay_buffer_kwargs``, ``relabeler`` and ``exploration`` are Python
 expressions, evaluated with the zoo's names plus the relabelers of :mod:`sb3_amago.relabel` and the
-schedules of :mod:`sb3_amago.exploration` (which ``-params`` values may use as well). Keys AMAGO does not take are reported by name before any env is made.
+schedules of :mod:`sb3_amago.exploration` (which ``-params`` values may use as well). Keys AMAGO
+does not take are reported by name before any env is made.
 """
 
 import argparse

@@ -93,8 +93,9 @@ a run marked ``final``. On a restart, rows of runs without a final row are dropp
 start again; finished ``(task, algo, seed, budget)`` runs are skipped. With ``--checkpoint-dir DIR``
 each run is saved there at every evaluation and a restart continues it from its last save instead
 (its rows up to that evaluation kept; see ``RunCheckpoint``): the way to run a cell longer than one
-sitting, e.g. AMAGO on PositionOnlyPendulumEasy (Box critics over 201-step windows and 7 gammas,
-about 2 s per update on one core). The report (``<prefix>.md``,
+sitting (a checkpoint lives on the machine that wrote it), e.g. AMAGO on PositionOnlyPendulumEasy
+(Box critics over 201-step windows, once per gamma: about 1.1 s per update on one core, some two
+hours for the run). The report (``<prefix>.md``,
 ``<prefix>.json``, ``<prefix>_<task>.png``) is written at the end and by ``--report-only`` from the
 finished runs: final score mean +- std over seeds (population std), and the env steps and training
 seconds at which the mean over seeds first reaches 0.9, with the number of seeds whose own curve does.

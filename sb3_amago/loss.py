@@ -117,7 +117,8 @@ def n_step_target(
 
     where ``T_b`` is the number of real next steps of window ``b`` (the real steps are a prefix, and
     a rollout's end, terminal or not, is its last real step): the sum stops at the window's end or
-    the rollout's, and bootstraps from the last step it reached (not at all from a terminal one).
+    the rollout's, and bootstraps from the last step it reached (not at all from a terminal one);
+    an ``n`` longer than the window is the window's length.
     Positions without a real next step get a value that the loss masks out.
 
     :param q: ``(B, L, G)`` target values at ``s_{t+1}`` (index ``t`` holds ``q(s_{t+1})``)
@@ -131,7 +132,7 @@ def n_step_target(
     position = th.arange(L, device=q.device)
     steps = (real_next.sum(1, keepdim=True) - position).clamp(1, n)  # (B, L): m
     returns = th.zeros_like(q)
-    for j in range(n):
+    for j in range(min(n, L)):  # no reward lies beyond the window
         later = th.zeros_like(reward)
         later[:, : L - j] = reward[:, j:]  # r_{t+1+j}
         returns = returns + (j < steps).unsqueeze(-1) * gammas**j * later.unsqueeze(-1)

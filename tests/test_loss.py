@@ -271,6 +271,9 @@ def test_n_step_target_by_hand() -> None:
     one = n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=1, k=2.0)
     one_step = 2.0 * reward.unsqueeze(-1) + 0.5 * (1.0 - terminated.unsqueeze(-1)) * q
     th.testing.assert_close(one[real_next], one_step[real_next])
+    # An n longer than the window stops at the window's end, as n = L does.
+    longer = n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=12, k=2.0)
+    th.testing.assert_close(longer, n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=5, k=2.0))
     with pytest.raises(ValueError, match="n_step"):
         LossConfig(n_step=0)
 

@@ -129,13 +129,17 @@ def n_step_target(
     :return: ``(B, L, G)``
     """
     B, L, G = q.shape
+    n = min(n, L)  # no reward lies beyond the window
     position = th.arange(L, device=q.device)
     steps = (real_next.sum(1, keepdim=True) - position).clamp(1, n)  # (B, L): m
-    returns = th.zeros_like(q)
-    for j in range(min(n, L)):  # no reward lies beyond the window
-        later = th.zeros_like(reward)
-        later[:, : L - j] = reward[:, j:]  # r_{t+1+j}
-        returns = returns + (j < steps).unsqueeze(-1) * gammas**j * later.unsqueeze(-1)
+    # j < m is j < n on the rewards of real steps (a prefix), so the discounted sum is one
+    # correlation of those rewards with the kernel gamma^j, j < n, per gamma; kept in full
+    # precision (autocast would run the convolution in bf16).
+    dtype = th.result_type(reward, gammas)
+    real_reward = th.nn.functional.pad((reward * real_next).to(dtype).unsqueeze(1), (0, n - 1))  # (B, 1, L + n - 1)
+    discounts = gammas.to(dtype).unsqueeze(-1) ** th.arange(n, device=q.device, dtype=dtype)  # (G, n)
+    with th.autocast(q.device.type, enabled=False):
+        returns = th.nn.functional.conv1d(real_reward, discounts.unsqueeze(1)).transpose(1, 2)  # (B, L, G)
     last = (position + steps - 1).clamp(max=L - 1)  # index of q(s_{t+m})
     q_last = q.gather(1, last.unsqueeze(-1).expand(B, L, G))
     d_last = terminated.gather(1, last).unsqueeze(-1)

@@ -274,20 +274,23 @@ def test_n_step_target_by_hand() -> None:
     # An n longer than the window stops at the window's end, as n = L does.
     longer = n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=12, k=2.0)
     th.testing.assert_close(longer, n_step_target(q, reward, terminated, real_next, th.tensor([0.5]), n=5, k=2.0))
+    with pytest.raises(ValueError, match="n_step"):
+        LossConfig(n_step=0)
 
 
 @pytest.mark.parametrize("n", [2, 3, 9, 16, 40])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_n_step_target_matches_the_sum_written_out(n: int, autocast: bool) -> None:
     """Random windows of varied real lengths, terminal or cut, several gammas: the target equals
-    its definition summed term by term for each (b, t, g), in fp32 also under bf16 autocast."""
+    its definition summed term by term for each (b, t, g) over the real steps alone, in fp32 also
+    under bf16 autocast."""
     gen = th.Generator().manual_seed(0)
     B, L = 6, 16
     lengths = th.tensor([16, 16, 11, 5, 1, 8])  # real next steps per window
     real_next = th.arange(L) < lengths.unsqueeze(1)
     terminated = th.zeros(B, L)
     terminated[[1, 3, 4], lengths[[1, 3, 4]] - 1] = 1.0  # windows 1, 3, 4 end on a terminal step
-    reward = th.randn(B, L, generator=gen) * real_next
+    reward = th.randn(B, L, generator=gen)  # padding holds rewards too: the target must ignore them
     q = th.randn(B, L, 3, generator=gen) * 10
     gammas = th.tensor([0.5, 0.9, 0.999])
     with th.autocast("cpu", dtype=th.bfloat16, enabled=autocast):
@@ -300,8 +303,6 @@ def test_n_step_target_matches_the_sum_written_out(n: int, autocast: bool) -> No
                 rewards = sum(gamma**j * reward[b, t + j].item() for j in range(m))
                 bootstrap = gamma**m * (1.0 - terminated[b, t + m - 1].item()) * q[b, t + m - 1, g].item()
                 assert got[b, t, g].item() == pytest.approx(3.0 * rewards + bootstrap, rel=1e-5, abs=1e-5)
-    with pytest.raises(ValueError, match="n_step"):
-        LossConfig(n_step=0)
 
 
 def test_pure_bc_gradient_is_the_mean_log_prob_of_buffer_actions(counting_model: AMAGO) -> None:

@@ -52,12 +52,14 @@ def main() -> None:
     th.set_num_threads(args.threads)
 
     models = {str(path): entry_model(args.task, path, args.seed) for path in args.conf_files}
+    load_before = os.getloadavg()[0]
     ms: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
             start = time.perf_counter()
             model.train(gradient_steps=args.updates, batch_size=model.batch_size)
             ms[name].append((time.perf_counter() - start) / args.updates * 1e3)
+    load = f"{load_before:.2f} -> {os.getloadavg()[0]:.2f}"  # 1-minute load average around the timed rounds
     baseline = statistics.median(ms[str(args.conf_files[0])])
     figures = {}
     for i, (name, values) in enumerate(ms.items()):
@@ -68,9 +70,10 @@ def main() -> None:
             "conf_file": name,
             "speedup_vs_0": baseline / median,
             "rounds": [round(v, 2) for v in values],
+            "load_average": load,
         }
         print(f"{name}: {median:.1f} ms per update, {baseline / median:.2f}x the first", flush=True)
-    config = {**vars(args), "conf_files": [str(p) for p in args.conf_files], "load_average": os.getloadavg()}
+    config = {**vars(args), "conf_files": [str(p) for p in args.conf_files]}
     write_results(f"entry_updates_{args.task}", config, figures)
 
 

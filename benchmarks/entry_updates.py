@@ -22,17 +22,15 @@ from pathlib import Path
 
 import torch as th
 from common import write_results
-from learning import make_envs, run_settings
-from swap_in import TASKS
+from learning import RunKey
+from swap_in import TASKS, build_model
 
 from sb3_amago import AMAGO
 
 
 def entry_model(task: str, conf_file: Path, seed: int) -> AMAGO:
     """AMAGO at ``conf_file``'s entry for ``task``, its replay filled past ``learning_starts``."""
-    settings = run_settings(TASKS[task], "amago", TASKS[task].budget, conf_file)
-    env = make_envs(TASKS[task], settings, settings.n_envs, seed, training=True)
-    model = settings.algo_class(env=env, seed=seed, device="cpu", verbose=0, **settings.kwargs)
+    model, _ = build_model(RunKey(task, "amago", seed, TASKS[task].budget), conf_file)
     model.learn(model.learning_starts + 1_000)
     model.train(gradient_steps=5, batch_size=model.batch_size)
     return model

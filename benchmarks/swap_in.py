@@ -24,7 +24,7 @@ from typing import Any
 import torch as th
 from common import add_learning_run_args, git_commit, provenance, run_metadata
 from curves import EVAL_SEED_OFFSET, EvalRecorder, first_reach, markdown_table, per_seed, write_report
-from learning import RunKey, Task, algo_label, curve_store, evaluate_model, make_envs, run_key, run_settings
+from learning import RunKey, RunSettings, Task, algo_label, curve_store, evaluate_model, make_envs, run_key, run_settings
 
 from sb3_amago.zoo import HYPERPARAMS_FILE
 
@@ -44,12 +44,19 @@ ALGOS = ("amago", "memoryless")
 EVAL_EPISODES = 10
 
 
-def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> None:
+def build_model(key: RunKey, conf_file: Path) -> tuple[Any, RunSettings]:
+    """The algorithm of ``key`` at its entry (AMAGO's read from ``conf_file``), on its seeded training envs."""
     task = TASKS[key.task]
     settings = run_settings(task, key.algo, key.budget, conf_file)
     env = make_envs(task, settings, settings.n_envs, key.seed, training=True)
+    return settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs), settings
+
+
+def train_run(key: RunKey, eval_every: int, csv_path: Path, conf_file: Path) -> None:
+    task = TASKS[key.task]
+    model, settings = build_model(key, conf_file)
+    env = model.get_env()
     eval_env = make_envs(task, settings, 5, key.seed + EVAL_SEED_OFFSET, training=False)
-    model = settings.algo_class(env=env, seed=key.seed, device="cpu", verbose=0, **settings.kwargs)
     store = curve_store(csv_path)
 
     def evaluate() -> dict[str, Any]:

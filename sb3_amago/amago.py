@@ -8,7 +8,7 @@ import inspect
 import pathlib
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
@@ -46,6 +46,7 @@ from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.interrupt import sigterm_raises_interrupt
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, behaviour_cloning_loss, target_values
+from sb3_amago.overlap import OverlappedRound
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.relabel import visible_space
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from minari import MinariDataset
 
 SelfAMAGO = TypeVar("SelfAMAGO", bound="AMAGO")
+T = TypeVar("T")
 
 
 class UpdatesProgressBar(ProgressBarCallback):
@@ -75,6 +77,18 @@ class UpdatesProgressBar(ProgressBarCallback):
 DEFAULT_MULTIGAMMAS = (0.1, 0.9, 0.95, 0.97, 0.99, 0.995)
 #: Updates after which the TD targets are checked for nearly constant heads (see PopArt).
 POPART_CHECK_UPDATES = 1_000
+
+
+def waits_for_update(method: Callable[..., T]) -> Callable[..., T]:
+    """An AMAGO method that finishes the update round in flight first (``overlap_collection``), so
+    that it sees the latest weights and a replay holding every transition collected."""
+
+    @functools.wraps(method)
+    def wrapper(self: "AMAGO", *args: Any, **kwargs: Any) -> T:
+        self._finish_overlapped_round()
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class AMAGO(OffPolicyAlgorithm):
@@ -129,6 +143,10 @@ class AMAGO(OffPolicyAlgorithm):
     :param relabeler: a :class:`sb3_amago.relabel.Relabeler` (hindsight instruction relabeling)
     :param mixed_precision: bf16 autocast in training
     :param compile_model: ``torch.compile`` the training forward of the sequence model
+    :param overlap_collection: collection beside training: each update round of ``learn`` runs in a
+        worker thread while the next round of env steps is collected with a copy of the policy one
+        round older (see :mod:`sb3_amago.overlap`; runs are then not reproducible bit for bit).
+        ``predict``, ``save`` and ``get_parameters`` wait for the round in flight
     :param distributed: data-parallel training over ``torch.distributed`` (launch with ``torchrun``;
         see :mod:`sb3_amago.distributed`): every rank collects into its own replay, gradients,
         PopArt and observation statistics are summed across ranks, only rank 0 logs, runs
@@ -185,6 +203,7 @@ class AMAGO(OffPolicyAlgorithm):
         relabeler: Any = None,
         mixed_precision: bool = False,
         compile_model: bool = False,
+        overlap_collection: bool = False,
         distributed: bool = False,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
@@ -253,7 +272,10 @@ class AMAGO(OffPolicyAlgorithm):
         self.relabeler = relabeler
         self.mixed_precision = mixed_precision
         self.compile_model = compile_model
+        self.overlap_collection = overlap_collection
         self.distributed = distributed
+        self._overlap = OverlappedRound()
+        self._overlapping = False  # True inside learn when overlap_collection is set
         self._dist = SingleProcess(self.device)
         self._collect_state: AmagoState | None = None
         self._warned_near_constant = False
@@ -282,6 +304,11 @@ class AMAGO(OffPolicyAlgorithm):
 
     def _setup_model(self) -> None:
         check_observation_space(self.observation_space)
+        if self.overlap_collection and self.distributed:
+            raise ValueError(
+                "overlap_collection runs each update in a worker thread, where its collectives would interleave "
+                "with the collection's across ranks: set overlap_collection=False or distributed=False."
+            )
         # With distributed: join the process group, take this rank's device, log on rank 0 only.
         self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
         self.device = self._dist.device
@@ -354,16 +381,23 @@ class AMAGO(OffPolicyAlgorithm):
         and starts new rollouts (the replay closes the interrupted ones unfinished).
         """
         with sigterm_raises_interrupt():
+            self._overlapping = self.overlap_collection
             try:
-                return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
-            except KeyboardInterrupt:
-                # Forget the collection in progress (the interrupt may have come between an env step and its
-                # storage): the next learn resets the envs, and the replay's running rollouts end here.
-                self._last_obs = None
-                self._collect_state = None
-                if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
-                    self.replay_buffer.end_running_rollouts()
+                super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
+                self._finish_overlapped_round()
+            except BaseException as error:
+                self._finish_overlapped_round(raise_error=False)  # the error already raised is the one to report
+                if isinstance(error, KeyboardInterrupt):
+                    # Forget the collection in progress (the interrupt may have come between an env step and its
+                    # storage): the next learn resets the envs, and the replay's running rollouts end here.
+                    self._last_obs = None
+                    self._collect_state = None
+                    if isinstance(self.replay_buffer, TrajectoryReplayBuffer):
+                        self.replay_buffer.end_running_rollouts()
                 raise
+            finally:
+                self._overlapping = False
+        return self
 
     def _setup_learn(
         self,
@@ -412,7 +446,8 @@ class AMAGO(OffPolicyAlgorithm):
         dones: np.ndarray,
         infos: list[dict[str, Any]],
     ) -> None:
-        super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
+        held = self._overlap.held if self._overlap.in_flight else replay_buffer  # stored once the round ends
+        super()._store_transition(held, buffer_action, new_obs, reward, dones, infos)  # type: ignore[arg-type]
         if np.any(dones):
             assert self._collect_state is not None
             self._collect_state = self.policy.reset_state(self._collect_state, dones)
@@ -433,10 +468,27 @@ class AMAGO(OffPolicyAlgorithm):
     # Training
     # ----------------------------------------------------------------------------------------
     def train(self, gradient_steps: int, batch_size: int = 24) -> None:
-        self.policy.set_training_mode(True)
-        optimizer = self.policy.optimizer
-        self._update_learning_rate(optimizer)
-        params = self.policy.online_parameters()
+        """One round of ``gradient_steps`` updates. Inside ``learn`` with ``overlap_collection``, the
+        round that ran beside the last collection is finished first and this one starts in a worker
+        thread, with ``self.policy`` the acting copy until it ends (see :mod:`sb3_amago.overlap`)."""
+        self._finish_overlapped_round()
+        self._update_learning_rate(self.policy.optimizer)
+        update_round = functools.partial(
+            self._update_round, self.policy, gradient_steps, batch_size, self.lr_schedule(self._current_progress_remaining)
+        )
+        if self._overlapping:
+            self.policy = self._overlap.start(self.policy, update_round)
+        else:
+            self._log_round(update_round())
+
+    def _update_round(
+        self, policy: TransformerPolicy, gradient_steps: int, batch_size: int, lr: float
+    ) -> dict[str, th.Tensor]:
+        """``gradient_steps`` updates of ``policy`` at learning rate ``lr`` (before warm-up); returns
+        the mean of each loss statistic. Reads nothing that collection changes but the replay."""
+        policy.set_training_mode(True)
+        optimizer = policy.optimizer
+        params = policy.online_parameters()
         autocast = (
             th.autocast(device_type=self.device.type, dtype=th.bfloat16) if self.mixed_precision else contextlib.nullcontext()
         )
@@ -445,26 +497,49 @@ class AMAGO(OffPolicyAlgorithm):
         for _ in range(gradient_steps):
             warmup = min(1.0, (self._n_updates + 1) / max(1, self.warmup_steps))
             for group in optimizer.param_groups:
-                group["lr"] = self.lr_schedule(self._current_progress_remaining) * warmup
+                group["lr"] = lr * warmup
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             with autocast:
                 states = self._encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
                 if loss_config.pure_bc:
-                    loss, stats = behaviour_cloning_loss(self.policy, batch, states)
+                    loss, stats = behaviour_cloning_loss(policy, batch, states)
                 else:
-                    target = target_values(self.policy, batch, states, loss_config)  # (B, L, G)
-                    self.policy.popart.update_stats(target, batch.real[:, 1:])
-                    loss, stats = amago_loss(self.policy, batch, states, target, loss_config)
+                    target = target_values(policy, batch, states, loss_config)  # (B, L, G)
+                    policy.popart.update_stats(target, batch.real[:, 1:])
+                    loss, stats = amago_loss(policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
             stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             optimizer.step()
-            self.policy.update_targets(self.tau)
+            policy.update_targets(self.tau)
             self._n_updates += 1
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().float()
-        self._log_train_stats({k: v / gradient_steps for k, v in sums.items()}, optimizer.param_groups[0]["lr"])
+        return {k: v / gradient_steps for k, v in sums.items()}
+
+    def _finish_overlapped_round(self, raise_error: bool = True) -> None:
+        """Wait for the update round in flight, if any: the learner becomes ``self.policy`` again,
+        the transitions held meanwhile go into the replay, and the round's statistics are logged.
+
+        :param raise_error: raise the error the round raised (else drop it: an error of the caller's is on its way)
+        """
+        if not self._overlap.in_flight:
+            return
+        assert self._overlap.learner is not None
+        self.policy = self._overlap.learner
+        try:
+            stats = self._overlap.finish()
+        except BaseException:
+            if raise_error:
+                raise
+            return
+        finally:
+            self._overlap.held.store_into(self.replay_buffer)
+        self._log_round(stats)
+
+    def _log_round(self, stats: dict[str, th.Tensor]) -> None:
+        self._log_train_stats(stats, self.policy.optimizer.param_groups[0]["lr"])
         self._warn_near_constant_targets()
 
     def _warn_near_constant_targets(self) -> None:
@@ -493,6 +568,7 @@ class AMAGO(OffPolicyAlgorithm):
     # ----------------------------------------------------------------------------------------
     # Learning from data
     # ----------------------------------------------------------------------------------------
+    @waits_for_update
     def add_dataset(self, dataset: "MinariDataset | Iterable[Any]", protected: bool = False) -> None:
         """Store a dataset's episodes in the replay, each as a whole rollout (see :mod:`sb3_amago.datasets`).
 
@@ -620,12 +696,14 @@ class AMAGO(OffPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # An exploration built from the model's arguments is built again at load, from the loaded arguments.
         rebuilt = ["exploration"] if self._exploration_from_args else []
-        return [*super()._excluded_save_params(), *rebuilt, "_collect_state", "_encode", "distributed", "_dist"]
+        rebuilt += ["_collect_state", "_encode", "distributed", "_dist", "_overlap", "_overlapping"]
+        return [*super()._excluded_save_params(), *rebuilt]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
         return ["policy", "policy.optimizer"], []
 
+    @waits_for_update
     def save(self, path: str | pathlib.Path | Any, exclude: Any = None, include: Any = None) -> None:
         """SB3's save, plus the optimizer state and the run state (:func:`sb3_amago.checkpoint.run_state`),
         so that :meth:`load` resumes the run exactly. Written to a temporary file first and moved
@@ -639,12 +717,14 @@ class AMAGO(OffPolicyAlgorithm):
         finally:
             del self._run_state
 
+    @waits_for_update
     def save_replay_buffer(self, path: str | pathlib.Path | Any) -> None:
         """SB3's save_replay_buffer (a pickle, ``.pkl`` added to a path without suffix), written to a
         temporary file and moved into place: a save interrupted half-way (KeyboardInterrupt, full
         disk) never replaces an earlier good file."""
         write_atomically(path, ".pkl", functools.partial(save_to_pkl, obj=self.replay_buffer, verbose=self.verbose))
 
+    @waits_for_update
     def load_replay_buffer(self, path: str | pathlib.Path | Any, truncate_last_traj: bool = True) -> None:
         """SB3's load_replay_buffer, checked before it replaces the model's replay: a file that is
         truncated or not a replay, from another sb3-amago replay format, or for other spaces or
@@ -658,6 +738,26 @@ class AMAGO(OffPolicyAlgorithm):
         buffer.device = self.device
         buffer.max_seq_len = self.max_seq_len  # windows are cut when sampled: the model's length applies
         self.replay_buffer = buffer
+
+    @waits_for_update
+    def predict(
+        self,
+        observation: np.ndarray | dict[str, np.ndarray],
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        return super().predict(observation, state, episode_start, deterministic)
+
+    @waits_for_update
+    def get_parameters(self) -> dict[str, dict]:
+        return super().get_parameters()
+
+    @waits_for_update
+    def set_parameters(
+        self, load_path_or_dict: str | dict[str, th.Tensor], exact_match: bool = True, device: th.device | str = "auto"
+    ) -> None:
+        super().set_parameters(load_path_or_dict, exact_match, device)
 
     @classmethod
     def load(

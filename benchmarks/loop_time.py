@@ -1,0 +1,108 @@
+"""Training seconds per 1,000 env steps of a learning-suite run (the task's zoo entry, as
+``learning.py`` runs it), sequential and with collection beside training (``overlap_collection``).
+
+Each measurement runs in a fresh process: the model is built from the entry, collects its
+``learning_starts`` env steps untimed, then ``learn``s ``--env-steps`` more (collection and updates,
+no evaluation), timed. The two settings alternate, ``--rounds`` times; the median of each and the
+median of the per-round ratios are reported, with the load average beside every figure. Take the
+figures on a machine doing nothing else: a process whose threads outnumber its fair share of a busy
+machine's cores takes more of them, which would flatter the overlapped side.
+
+    python benchmarks/loop_time.py --task RepeatPreviousEasy --threads 1 --rounds 3
+    python benchmarks/loop_time.py --task PositionOnlyCartPoleEasy --env-steps 2000 --rounds 3
+
+Results: ``benchmarks/results/loop_time_<task>.json`` / ``.md``.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch as th
+from common import RESULTS_DIR, write_results
+
+SETTINGS = {"sequential": False, "overlap": True}
+
+
+def seconds_per_1000(task_name: str, env_steps: int, overlap: bool, threads: int, seed: int) -> float:
+    """Training seconds per 1,000 env steps of ``task_name``'s AMAGO entry, measured in this process."""
+    from learning import TASKS, make_envs, run_settings
+
+    th.set_num_threads(threads)
+    task = TASKS[task_name]
+    settings = run_settings(task, "amago", task.budget)
+    env = make_envs(task, settings, settings.n_envs, seed, training=True)
+    model = settings.algo_class(env=env, seed=seed, verbose=0, **{**settings.kwargs, "overlap_collection": overlap})
+    model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
+    start = time.perf_counter()
+    model.learn(env_steps, reset_num_timesteps=False)
+    elapsed = time.perf_counter() - start
+    env.close()
+    return 1000.0 * elapsed / env_steps
+
+
+def measure(task: str, env_steps: int, setting: str, threads: int, seed: int) -> float:
+    """:func:`seconds_per_1000` in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", setting, "--task", task, "--env-steps", str(env_steps)]
+        + ["--threads", str(threads), "--seed", str(seed)],
+        cwd=Path(__file__).parent,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="RepeatPreviousEasy", help="a task of learning.py")
+    parser.add_argument("--env-steps", type=int, default=3000, help="timed env steps per measurement")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each measured process")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--measure", choices=SETTINGS, help=argparse.SUPPRESS)  # one measurement, in this process
+    args = parser.parse_args()
+    if args.measure:
+        print(seconds_per_1000(args.task, args.env_steps, SETTINGS[args.measure], args.threads, args.seed))
+        return
+    th.set_num_threads(args.threads)  # as the measured processes: the results name this count
+    runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    loads: list[float] = []
+    for round_ in range(args.rounds):
+        for name in SETTINGS:
+            loads.append(os.getloadavg()[0])
+            runs[name].append(measure(args.task, args.env_steps, name, args.threads, args.seed))
+            print(f"round {round_ + 1} {name}: {runs[name][-1]:.2f} s per 1,000 env steps (load {loads[-1]:.2f})", flush=True)
+    ratios = [seq / over for seq, over in zip(runs["sequential"], runs["overlap"])]
+    figures = {
+        f"{name}_s_per_1000_env_steps": {
+            "value": statistics.median(values),
+            "unit": "training s per 1,000 env steps (median)",
+            "runs": [round(v, 3) for v in values],
+        }
+        for name, values in runs.items()
+    }
+    figures["overlap_speedup"] = {
+        "value": statistics.median(ratios),
+        "unit": "x (median of per-round sequential / overlap)",
+        "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
+    }
+    config = {
+        "task": args.task,
+        "env_steps": args.env_steps,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "seed": args.seed,
+    }
+    write_results(f"loop_time_{args.task}", config, figures, args.out_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -23,7 +23,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import save_to_pkl
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutReturn, Schedule, TrainFreq
 from stable_baselines3.common.utils import configure_logger
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from sb3_amago.arguments import (
     DEFAULT_N_CRITICS,
@@ -46,7 +46,7 @@ from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.interrupt import sigterm_raises_interrupt
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, behaviour_cloning_loss, target_values
-from sb3_amago.overlap import OverlappedRound
+from sb3_amago.overlap import OverlappedRound, frozen_statistics
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.relabel import visible_space
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
@@ -473,19 +473,21 @@ class AMAGO(OffPolicyAlgorithm):
         thread, with ``self.policy`` the acting copy until it ends (see :mod:`sb3_amago.overlap`)."""
         self._finish_overlapped_round()
         self._update_learning_rate(self.policy.optimizer)
-        update_round = functools.partial(
-            self._update_round, self.policy, gradient_steps, batch_size, self.lr_schedule(self._current_progress_remaining)
-        )
+        lr = self.lr_schedule(self._current_progress_remaining)
         if self._overlapping:
+            update_round = functools.partial(
+                self._update_round, self.policy, gradient_steps, batch_size, lr, frozen_statistics(self._vec_normalize_env)
+            )
             self.policy = self._overlap.start(self.policy, update_round)
         else:
-            self._log_round(update_round())
+            self._log_round(self._update_round(self.policy, gradient_steps, batch_size, lr, self._vec_normalize_env))
 
     def _update_round(
-        self, policy: TransformerPolicy, gradient_steps: int, batch_size: int, lr: float
+        self, policy: TransformerPolicy, gradient_steps: int, batch_size: int, lr: float, normalize_env: VecNormalize | None
     ) -> dict[str, th.Tensor]:
-        """``gradient_steps`` updates of ``policy`` at learning rate ``lr`` (before warm-up); returns
-        the mean of each loss statistic. Reads nothing that collection changes but the replay."""
+        """``gradient_steps`` updates of ``policy`` at learning rate ``lr`` (before warm-up), on
+        batches normalised by ``normalize_env``; returns the mean of each loss statistic. Reads
+        nothing that collection changes but the replay."""
         policy.set_training_mode(True)
         optimizer = policy.optimizer
         params = policy.online_parameters()
@@ -498,7 +500,7 @@ class AMAGO(OffPolicyAlgorithm):
             warmup = min(1.0, (self._n_updates + 1) / max(1, self.warmup_steps))
             for group in optimizer.param_groups:
                 group["lr"] = lr * warmup
-            batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
+            batch = self.replay_buffer.sample(batch_size, env=normalize_env)
             with autocast:
                 states = self._encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
                 if loss_config.pure_bc:

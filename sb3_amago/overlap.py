@@ -4,7 +4,8 @@ thread while the main thread collects the next round of env steps.
 The main thread acts with a copy of the policy holding the weights from before the round in flight,
 so the data it collects is one round older than in sequential training (as an off-policy learner's
 actors usually are). Its transitions are held back until the round ends and then stored in order,
-so every round samples the replay exactly as it stood when the round started. The worker thread
+so every round samples the replay exactly as it stood when the round started (and normalises
+with ``VecNormalize``'s statistics as they stood then). The worker thread
 runs torch operators, which release Python's global lock, while the main thread steps the envs and
 acts; on a machine whose cores the update alone does not fill, the collection's time is hidden.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch as th
 from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_amago.policies import TransformerPolicy
 
@@ -38,6 +40,18 @@ class HeldTransitions:
         calls, self.calls = self.calls, []
         for args, kwargs in calls:
             replay.add(*args, **kwargs)
+
+
+def frozen_statistics(venv: VecNormalize | None) -> VecNormalize | None:
+    """A shallow copy of ``venv`` with copies of its running statistics: a round normalises its
+    batches with it as the original did when the round started, while the original keeps updating
+    them as the envs step."""
+    if venv is None:
+        return None
+    frozen = object.__new__(type(venv))
+    frozen.__dict__.update(venv.__dict__)
+    frozen.obs_rms, frozen.ret_rms = copy.deepcopy(venv.obs_rms), copy.deepcopy(venv.ret_rms)
+    return frozen
 
 
 def acting_copy(learner: TransformerPolicy) -> TransformerPolicy:

@@ -2,10 +2,13 @@
 thread on the replay as it stood when the round started, collection acts with a copy of the policy
 holding the weights from before the round, and whatever reads the model waits for the round."""
 
+import time
+
 import numpy as np
 import pytest
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from test_amago import CountingEnv, tiny_model
 
 from sb3_amago import AMAGO, PrevRewardWrapper
@@ -13,15 +16,21 @@ from sb3_amago.buffers import TrajectoryReplayBuffer
 
 
 class SizeRecordingReplay(TrajectoryReplayBuffer):
-    """Records how many transitions it holds each time a batch is drawn."""
+    """Records how many transitions it holds, and how many observations the normalisation
+    statistics it is given have seen, each time a batch is drawn; it draws slowly, so that
+    collection goes on meanwhile."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.sizes_at_sample: list[int] = []
+        self.counts_at_sample: list[float] = []
 
-    def sample(self, *args, **kwargs):
+    def sample(self, batch_size, env=None):
+        time.sleep(0.01)
         self.sizes_at_sample.append(self.size())
-        return super().sample(*args, **kwargs)
+        if env is not None:
+            self.counts_at_sample.append(float(env.ret_rms.count))
+        return super().sample(batch_size, env=env)
 
 
 class Probe(BaseCallback):
@@ -61,6 +70,17 @@ def test_rounds_sample_the_replay_as_it_stood_when_they_started() -> None:
     assert acting_steps and min(acting_steps) == 13
     assert all(learner is model.policy for learner in learners)
     assert not model._overlap.in_flight and model.logger.name_to_value["train/n_updates"] == 16
+
+
+def test_rounds_normalise_with_the_statistics_of_their_start() -> None:
+    env = VecNormalize(DummyVecEnv([lambda: PrevRewardWrapper(CountingEnv(length=5))]))
+    model = tiny_model(env, learning_starts=8, train_freq=4, overlap_collection=True, replay_buffer_class=SizeRecordingReplay)
+    model.learn(40)
+    counts = model.replay_buffer.counts_at_sample
+    assert len(counts) == 8
+    # The return statistics count one reward per env step (from a tiny prior count): rounds start after steps 12, 16, ...
+    assert [round(c) for c in counts] == [12, 16, 20, 24, 28, 32, 36, 40]
+    assert env.ret_rms.count == pytest.approx(40, abs=0.01), "the envs' own statistics went on moving"
 
 
 def test_held_transitions_are_stored_in_order() -> None:

@@ -28,8 +28,10 @@ from common import RESULTS_DIR, write_results
 SETTINGS = {"sequential": False, "overlap": True}
 
 
-def seconds_per_1000(task_name: str, env_steps: int, overlap: bool, threads: int, seed: int) -> float:
-    """Training seconds per 1,000 env steps of ``task_name``'s AMAGO entry, measured in this process."""
+def seconds_per_1000(task_name: str, env_steps: int, overlap: bool, threads: int, seed: int) -> tuple[float, float]:
+    """Training seconds per 1,000 env steps of ``task_name``'s AMAGO entry, measured in this
+    process, and the share of them spent in ``train`` calls (sequential: the update rounds, the
+    rest being collection; overlapped: starting and finishing rounds)."""
     from learning import TASKS, make_envs, run_settings
 
     th.set_num_threads(threads)
@@ -38,14 +40,24 @@ def seconds_per_1000(task_name: str, env_steps: int, overlap: bool, threads: int
     env = make_envs(task, settings, settings.n_envs, seed, training=True)
     model = settings.algo_class(env=env, seed=seed, verbose=0, **{**settings.kwargs, "overlap_collection": overlap})
     model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
+    in_train = 0.0
+    train = model.train
+
+    def timed_train(*args, **kwargs) -> None:
+        nonlocal in_train
+        began = time.perf_counter()
+        train(*args, **kwargs)
+        in_train += time.perf_counter() - began
+
+    model.train = timed_train
     start = time.perf_counter()
     model.learn(env_steps, reset_num_timesteps=False)
     elapsed = time.perf_counter() - start
     env.close()
-    return 1000.0 * elapsed / env_steps
+    return 1000.0 * elapsed / env_steps, in_train / elapsed
 
 
-def measure(task: str, env_steps: int, setting: str, threads: int, seed: int) -> float:
+def measure(task: str, env_steps: int, setting: str, threads: int, seed: int) -> tuple[float, float]:
     """:func:`seconds_per_1000` in a fresh process."""
     out = subprocess.run(
         [sys.executable, __file__, "--measure", setting, "--task", task, "--env-steps", str(env_steps)]
@@ -56,7 +68,8 @@ def measure(task: str, env_steps: int, setting: str, threads: int, seed: int) ->
         text=True,
         check=True,
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    seconds, train_share = out.stdout.strip().splitlines()[-1].split()
+    return float(seconds), float(train_share)
 
 
 def main() -> None:
@@ -70,22 +83,30 @@ def main() -> None:
     parser.add_argument("--measure", choices=SETTINGS, help=argparse.SUPPRESS)  # one measurement, in this process
     args = parser.parse_args()
     if args.measure:
-        print(seconds_per_1000(args.task, args.env_steps, SETTINGS[args.measure], args.threads, args.seed))
+        print(*seconds_per_1000(args.task, args.env_steps, SETTINGS[args.measure], args.threads, args.seed))
         return
     th.set_num_threads(args.threads)  # as the measured processes: the results name this count
     runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    train_shares: dict[str, list[float]] = {name: [] for name in SETTINGS}
     loads: list[float] = []
     for round_ in range(args.rounds):
         for name in SETTINGS:
             loads.append(os.getloadavg()[0])
-            runs[name].append(measure(args.task, args.env_steps, name, args.threads, args.seed))
-            print(f"round {round_ + 1} {name}: {runs[name][-1]:.2f} s per 1,000 env steps (load {loads[-1]:.2f})", flush=True)
+            seconds, train_share = measure(args.task, args.env_steps, name, args.threads, args.seed)
+            runs[name].append(seconds)
+            train_shares[name].append(train_share)
+            print(
+                f"round {round_ + 1} {name}: {seconds:.2f} s per 1,000 env steps, {train_share:.1%} in train "
+                f"(load {loads[-1]:.2f})",
+                flush=True,
+            )
     ratios = [seq / over for seq, over in zip(runs["sequential"], runs["overlap"])]
     figures = {
         f"{name}_s_per_1000_env_steps": {
             "value": statistics.median(values),
             "unit": "training s per 1,000 env steps (median)",
             "runs": [round(v, 3) for v in values],
+            "share_in_train_calls": statistics.median(train_shares[name]),
         }
         for name, values in runs.items()
     }

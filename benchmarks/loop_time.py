@@ -21,9 +21,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch as th
 from common import RESULTS_DIR, write_results
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
 SETTINGS = {"sequential": False, "overlap": True}
 
@@ -40,21 +44,35 @@ def seconds_per_1000(task_name: str, env_steps: int, overlap: bool, threads: int
     env = make_envs(task, settings, settings.n_envs, seed, training=True)
     model = settings.algo_class(env=env, seed=seed, verbose=0, **{**settings.kwargs, "overlap_collection": overlap})
     model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
+    elapsed, train_share = timed_learn(model, env_steps)
+    env.close()
+    return 1000.0 * elapsed / env_steps, train_share
+
+
+def timed_learn(model: "BaseAlgorithm", env_steps: int) -> tuple[float, float]:
+    """Seconds that ``model.learn(env_steps)`` takes (continuing the model's count), and the share
+    of them spent inside its ``train`` calls."""
     in_train = 0.0
     train = model.train
+    own = vars(model).get("train")  # a train set on the model itself, to put back
 
-    def timed_train(*args, **kwargs) -> None:
+    def timed_train(*args: Any, **kwargs: Any) -> None:
         nonlocal in_train
         began = time.perf_counter()
         train(*args, **kwargs)
         in_train += time.perf_counter() - began
 
-    model.train = timed_train
-    start = time.perf_counter()
-    model.learn(env_steps, reset_num_timesteps=False)
-    elapsed = time.perf_counter() - start
-    env.close()
-    return 1000.0 * elapsed / env_steps, in_train / elapsed
+    model.train = timed_train  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        model.learn(env_steps, reset_num_timesteps=False)
+        elapsed = time.perf_counter() - start
+    finally:
+        if own is None:
+            del model.train  # the class's method again
+        else:
+            model.train = own  # type: ignore[method-assign]
+    return elapsed, in_train / elapsed
 
 
 def measure(task: str, env_steps: int, setting: str, threads: int, seed: int) -> tuple[float, float]:

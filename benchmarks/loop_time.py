@@ -10,6 +10,7 @@ machine's cores takes more of them, which would flatter the overlapped side.
 
     python benchmarks/loop_time.py --task RepeatPreviousEasy --threads 1 --rounds 3
     python benchmarks/loop_time.py --task PositionOnlyCartPoleEasy --env-steps 2000 --rounds 3
+    python benchmarks/loop_time.py --device cuda --threads 4          # the update on a GPU
 
 Results: ``benchmarks/results/loop_time_<task>.json`` / ``.md``.
 """
@@ -27,29 +28,30 @@ import torch as th
 from common import RESULTS_DIR, write_results
 
 if TYPE_CHECKING:
-    from stable_baselines3.common.base_class import BaseAlgorithm
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 SETTINGS = {"sequential": False, "overlap": True}
 
 
-def seconds_per_1000(task_name: str, env_steps: int, overlap: bool, threads: int, seed: int) -> tuple[float, float]:
+def seconds_per_1000(args: argparse.Namespace, overlap: bool) -> tuple[float, float]:
     """Training seconds per 1,000 env steps of ``task_name``'s AMAGO entry, measured in this
     process, and the share of them spent in ``train`` calls (sequential: the update rounds, the
     rest being collection; overlapped: starting and finishing rounds)."""
     from learning import TASKS, make_envs, run_settings
 
-    th.set_num_threads(threads)
-    task = TASKS[task_name]
+    th.set_num_threads(args.threads)
+    task, seed = TASKS[args.task], args.seed
     settings = run_settings(task, "amago", task.budget)
     env = make_envs(task, settings, settings.n_envs, seed, training=True)
-    model = settings.algo_class(env=env, seed=seed, verbose=0, **{**settings.kwargs, "overlap_collection": overlap})
+    kwargs = {**settings.kwargs, "overlap_collection": overlap}
+    model = settings.algo_class(env=env, seed=seed, device=args.device, verbose=0, **kwargs)
     model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
-    elapsed, train_share = timed_learn(model, env_steps)
+    elapsed, train_share = timed_learn(model, args.env_steps)
     env.close()
-    return 1000.0 * elapsed / env_steps, train_share
+    return 1000.0 * elapsed / args.env_steps, train_share
 
 
-def timed_learn(model: "BaseAlgorithm", env_steps: int) -> tuple[float, float]:
+def timed_learn(model: "OffPolicyAlgorithm", env_steps: int) -> tuple[float, float]:
     """Seconds that ``model.learn(env_steps)`` takes (continuing the model's count), and the share
     of them spent inside its ``train`` calls."""
     in_train = 0.0
@@ -75,13 +77,13 @@ def timed_learn(model: "BaseAlgorithm", env_steps: int) -> tuple[float, float]:
     return elapsed, in_train / elapsed
 
 
-def measure(task: str, env_steps: int, setting: str, threads: int, seed: int) -> tuple[float, float]:
+def measure(args: argparse.Namespace, setting: str) -> tuple[float, float]:
     """:func:`seconds_per_1000` in a fresh process."""
     out = subprocess.run(
-        [sys.executable, __file__, "--measure", setting, "--task", task, "--env-steps", str(env_steps)]
-        + ["--threads", str(threads), "--seed", str(seed)],
+        [sys.executable, __file__, "--measure", setting, "--task", args.task, "--env-steps", str(args.env_steps)]
+        + ["--threads", str(args.threads), "--seed", str(args.seed), "--device", args.device],
         cwd=Path(__file__).parent,
-        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
         capture_output=True,
         text=True,
         check=True,
@@ -97,11 +99,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each measured process")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="torch device of the model (the envs step on the CPU)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--measure", choices=SETTINGS, help=argparse.SUPPRESS)  # one measurement, in this process
     args = parser.parse_args()
     if args.measure:
-        print(*seconds_per_1000(args.task, args.env_steps, SETTINGS[args.measure], args.threads, args.seed))
+        print(*seconds_per_1000(args, SETTINGS[args.measure]))
         return
     th.set_num_threads(args.threads)  # as the measured processes: the results name this count
     runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
@@ -110,7 +113,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name in SETTINGS:
             loads.append(os.getloadavg()[0])
-            seconds, train_share = measure(args.task, args.env_steps, name, args.threads, args.seed)
+            seconds, train_share = measure(args, name)
             runs[name].append(seconds)
             train_shares[name].append(train_share)
             print(
@@ -139,6 +142,7 @@ def main() -> None:
         "threads": args.threads,
         "rounds": args.rounds,
         "seed": args.seed,
+        "device": args.device,
     }
     write_results(f"loop_time_{args.task}", config, figures, args.out_dir)
 

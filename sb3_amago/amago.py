@@ -698,8 +698,8 @@ class AMAGO(OffPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # An exploration built from the model's arguments is built again at load, from the loaded arguments.
         rebuilt = ["exploration"] if self._exploration_from_args else []
-        rebuilt += ["_collect_state", "_encode", "distributed", "_dist", "_overlap", "_overlapping"]
-        return [*super()._excluded_save_params(), *rebuilt]
+        of_this_process = ["_collect_state", "_encode", "distributed", "_dist", "_overlap", "_overlapping"]
+        return [*super()._excluded_save_params(), *rebuilt, *of_this_process]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         """The policy and its optimizer (AdamW's moments), as SAC saves its optimizers."""
@@ -749,16 +749,19 @@ class AMAGO(OffPolicyAlgorithm):
         episode_start: np.ndarray | None = None,
         deterministic: bool = False,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """SB3's predict (see :meth:`~sb3_amago.policies.TransformerPolicy.predict` for the context it carries)."""
         return super().predict(observation, state, episode_start, deterministic)
 
     @waits_for_update
     def get_parameters(self) -> dict[str, dict]:
+        """SB3's get_parameters."""
         return super().get_parameters()
 
     @waits_for_update
     def set_parameters(
         self, load_path_or_dict: str | dict[str, th.Tensor], exact_match: bool = True, device: th.device | str = "auto"
     ) -> None:
+        """SB3's set_parameters."""
         super().set_parameters(load_path_or_dict, exact_match, device)
 
     @classmethod

@@ -9,7 +9,7 @@ import pytest
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-from test_amago import CountingEnv, tiny_model
+from test_amago import ACTION_SPACES, CountingEnv, tiny_model
 
 from sb3_amago import AMAGO, PrevRewardWrapper
 from sb3_amago.buffers import TrajectoryReplayBuffer
@@ -168,3 +168,13 @@ def test_an_interrupt_during_collection_finishes_the_round_and_keeps_every_trans
 def test_overlap_with_distributed_is_refused() -> None:
     with pytest.raises(ValueError, match="overlap_collection=False or distributed=False"):
         tiny_model(CountingEnv(), overlap_collection=True, distributed=True)
+
+
+@pytest.mark.parametrize("space", sorted(ACTION_SPACES))
+def test_every_action_space_trains_beside_collection(space: str) -> None:
+    env = DummyVecEnv([lambda: PrevRewardWrapper(CountingEnv(length=5, action_space=ACTION_SPACES[space]))] * 2)
+    model = tiny_model(env, learning_starts=8, train_freq=2, gradient_steps=-1, overlap_collection=True)
+    model.learn(40)
+    # Rounds at 12, 16, ..., 40 env steps (past learning_starts), each of as many updates as env steps (-1): 8 x 4.
+    assert model.replay_buffer.size() == 40 and model._n_updates == 32
+    assert np.isfinite(model.logger.name_to_value["train/critic_loss"])

@@ -2,12 +2,15 @@
 the exact command, torch version and thread count, CPU model and date."""
 
 import argparse
+import contextlib
 import datetime
 import json
 import platform
 import shlex
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,29 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{commit}+dirty" if dirty else commit
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def short_commit(revision: str) -> str:
+    """The short hash of a git revision of this repository."""
+    return subprocess.run(
+        ["git", "rev-parse", "--short=10", revision], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@contextlib.contextmanager
+def git_worktree(revision: str) -> Iterator[Path]:
+    """A detached git worktree of ``revision`` in a temporary folder, removed on exit: an older
+    version of the package to measure beside the working tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), short_commit(revision)], cwd=REPO, check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
 
 
 def run_metadata() -> dict[str, Any]:

@@ -18,12 +18,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import RESULTS_DIR, write_results
-
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, RESULTS_DIR, git_worktree, short_commit, write_results
 
 MEASURE = """
 import sys, torch as th
@@ -62,35 +59,28 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: both sides under bf16 autocast")
     parser.add_argument("--name", default="compare_commits")
     args = parser.parse_args()
-    base_commit = subprocess.run(
-        ["git", "rev-parse", "--short=10", args.base], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    base_commit = short_commit(args.base)
     figures: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        base_tree = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), base_commit], cwd=REPO, check=True)
-        try:
-            for length in args.lengths:
-                sides: dict[str, list[float]] = {"base": [], "new": []}
-                loads: list[float] = []
-                for round_ in range(args.rounds):
-                    for side, tree in (("base", base_tree), ("new", REPO)):
-                        loads.append(load_average())
-                        sides[side].append(measure(tree, args.threads, length, args.updates, args.precision))
-                        print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
-                ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
-                figures[f"speedup_L{length}"] = {
-                    "value": statistics.median(ratios),
-                    "unit": "x (median of per-round ratios)",
-                    "base_median_updates_per_s": statistics.median(sides["base"]),
-                    "new_median_updates_per_s": statistics.median(sides["new"]),
-                    "base_runs": [round(v, 3) for v in sides["base"]],
-                    "new_runs": [round(v, 3) for v in sides["new"]],
-                    "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
-                }
-                print(f"L={length}: {figures[f'speedup_L{length}']}")
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, check=False)
+    with git_worktree(base_commit) as base_tree:
+        for length in args.lengths:
+            sides: dict[str, list[float]] = {"base": [], "new": []}
+            loads: list[float] = []
+            for round_ in range(args.rounds):
+                for side, tree in (("base", base_tree), ("new", REPO)):
+                    loads.append(load_average())
+                    sides[side].append(measure(tree, args.threads, length, args.updates, args.precision))
+                    print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
+            ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
+            figures[f"speedup_L{length}"] = {
+                "value": statistics.median(ratios),
+                "unit": "x (median of per-round ratios)",
+                "base_median_updates_per_s": statistics.median(sides["base"]),
+                "new_median_updates_per_s": statistics.median(sides["new"]),
+                "base_runs": [round(v, 3) for v in sides["base"]],
+                "new_runs": [round(v, 3) for v in sides["new"]],
+                "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
+            }
+            print(f"L={length}: {figures[f'speedup_L{length}']}")
     config = {
         "base": base_commit,
         "threads": args.threads,

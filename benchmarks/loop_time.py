@@ -1,9 +1,11 @@
 """Training seconds per 1,000 env steps of a learning-suite run (the task's zoo entry, as
 ``learning.py`` runs it), sequential and with collection beside training (``overlap_collection``).
 
-Each measurement runs in a fresh process: the model is built from the entry, collects its
-``learning_starts`` env steps untimed, then ``learn``s ``--env-steps`` more (collection and updates,
-no evaluation), timed. The two settings alternate, ``--rounds`` times; the median of each and the
+With ``--base REV``, a git worktree of that revision is measured too, sequential, with its own
+code and zoo entry: how much faster the suite's runs have become. Each measurement runs in a
+fresh process: the model is built from the entry, collects its ``learning_starts`` env steps
+untimed, then ``learn``s ``--env-steps`` more (collection and updates, no evaluation), timed. The
+settings alternate, ``--rounds`` times; the median of each and the
 median of the per-round ratios are reported, with the load average beside every figure. Take the
 figures on a machine doing nothing else: a process whose threads outnumber its fair share of a busy
 machine's cores takes more of them, which would flatter the overlapped side.
@@ -11,11 +13,14 @@ machine's cores takes more of them, which would flatter the overlapped side.
     python benchmarks/loop_time.py --task RepeatPreviousEasy --threads 1 --rounds 3
     python benchmarks/loop_time.py --task PositionOnlyCartPoleEasy --env-steps 2000 --rounds 3
     python benchmarks/loop_time.py --device cuda --threads 4          # the update on a GPU
+    python benchmarks/loop_time.py --base b580c91                      # also an older version, sequential
 
 Results: ``benchmarks/results/loop_time_<task>.json`` / ``.md``.
 """
 
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -24,31 +29,38 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch as th
-from common import RESULTS_DIR, write_results
-
 if TYPE_CHECKING:
     from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
-SETTINGS = {"sequential": False, "overlap": True}
+HERE = Path(__file__).resolve().parent
+#: One measurement, run in a fresh process whose working folder is the measured tree's benchmarks
+#: (so ``learning`` is that tree's); this folder comes after it on the path, for ``loop_time``.
+MEASURE = """
+import json, sys
+sys.path.append(sys.argv[1])
+from loop_time import seconds_per_1000
+print(*seconds_per_1000(**json.loads(sys.argv[2])))
+"""
 
 
-def seconds_per_1000(args: argparse.Namespace, overlap: bool) -> tuple[float, float]:
-    """Training seconds per 1,000 env steps of ``task_name``'s AMAGO entry, measured in this
-    process, and the share of them spent in ``train`` calls (sequential: the update rounds, the
-    rest being collection; overlapped: starting and finishing rounds)."""
+def seconds_per_1000(task: str, env_steps: int, overlap: bool, threads: int, seed: int, device: str) -> tuple[float, float]:
+    """Training seconds per 1,000 env steps of ``task``'s AMAGO entry (``learning.py``'s, from the
+    ``learning`` module on the path), measured in this process, and the share of them spent in
+    ``train`` calls (sequential: the update rounds, the rest being collection; overlapped:
+    finishing and starting rounds)."""
+    import torch as th
     from learning import TASKS, make_envs, run_settings
 
-    th.set_num_threads(args.threads)
-    task, seed = TASKS[args.task], args.seed
-    settings = run_settings(task, "amago", task.budget)
-    env = make_envs(task, settings, settings.n_envs, seed, training=True)
-    kwargs = {**settings.kwargs, "overlap_collection": overlap}
-    model = settings.algo_class(env=env, seed=seed, device=args.device, verbose=0, **kwargs)
+    th.set_num_threads(threads)
+    entry = TASKS[task]
+    settings = run_settings(entry, "amago", entry.budget)
+    env = make_envs(entry, settings, settings.n_envs, seed, training=True)
+    kwargs = {**settings.kwargs, **({"overlap_collection": True} if overlap else {})}  # a base may predate the option
+    model = settings.algo_class(env=env, seed=seed, device=device, verbose=0, **kwargs)
     model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
-    elapsed, train_share = timed_learn(model, args.env_steps)
+    elapsed, train_share = timed_learn(model, env_steps)
     env.close()
-    return 1000.0 * elapsed / args.env_steps, train_share
+    return 1000.0 * elapsed / env_steps, train_share
 
 
 def timed_learn(model: "OffPolicyAlgorithm", env_steps: int) -> tuple[float, float]:
@@ -77,13 +89,14 @@ def timed_learn(model: "OffPolicyAlgorithm", env_steps: int) -> tuple[float, flo
     return elapsed, in_train / elapsed
 
 
-def measure(args: argparse.Namespace, setting: str) -> tuple[float, float]:
-    """:func:`seconds_per_1000` in a fresh process."""
+def measure(tree: Path, overlap: bool, args: argparse.Namespace) -> tuple[float, float]:
+    """:func:`seconds_per_1000` of the package in ``tree``, in a fresh process."""
+    settings = {"task": args.task, "env_steps": args.env_steps, "overlap": overlap}
+    settings.update(threads=args.threads, seed=args.seed, device=args.device)
     out = subprocess.run(
-        [sys.executable, __file__, "--measure", setting, "--task", args.task, "--env-steps", str(args.env_steps)]
-        + ["--threads", str(args.threads), "--seed", str(args.seed), "--device", args.device],
-        cwd=Path(__file__).parent,
-        env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+        [sys.executable, "-c", MEASURE, str(HERE), json.dumps(settings)],
+        cwd=tree / "benchmarks",
+        env={**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)},
         capture_output=True,
         text=True,
         check=True,
@@ -93,6 +106,8 @@ def measure(args: argparse.Namespace, setting: str) -> tuple[float, float]:
 
 
 def main() -> None:
+    from common import RESULTS_DIR, git_worktree, short_commit, write_results
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="RepeatPreviousEasy", help="a task of learning.py")
     parser.add_argument("--env-steps", type=int, default=3000, help="timed env steps per measurement")
@@ -100,29 +115,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="torch device of the model (the envs step on the CPU)")
+    parser.add_argument("--base", help="also measure this git revision, sequential (its code and its zoo entry)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--measure", choices=SETTINGS, help=argparse.SUPPRESS)  # one measurement, in this process
     args = parser.parse_args()
-    if args.measure:
-        print(*seconds_per_1000(args, SETTINGS[args.measure]))
-        return
+    import torch as th
+
     th.set_num_threads(args.threads)  # as the measured processes: the results name this count
-    runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    train_shares: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    runs: dict[str, list[float]] = {}
+    train_shares: dict[str, list[float]] = {}
     loads: list[float] = []
-    for round_ in range(args.rounds):
-        for name in SETTINGS:
-            loads.append(os.getloadavg()[0])
-            seconds, train_share = measure(args, name)
-            runs[name].append(seconds)
-            train_shares[name].append(train_share)
-            print(
-                f"round {round_ + 1} {name}: {seconds:.2f} s per 1,000 env steps, {train_share:.1%} in train "
-                f"(load {loads[-1]:.2f})",
-                flush=True,
-            )
-    ratios = [seq / over for seq, over in zip(runs["sequential"], runs["overlap"])]
-    figures = {
+    with contextlib.ExitStack() as stack:
+        sides = {"sequential": (HERE.parent, False), "overlap": (HERE.parent, True)}
+        if args.base:
+            sides = {"base": (stack.enter_context(git_worktree(args.base)), False), **sides}
+        for round_ in range(args.rounds):
+            for name, (tree, overlap) in sides.items():
+                loads.append(os.getloadavg()[0])
+                seconds, train_share = measure(tree, overlap, args)
+                runs.setdefault(name, []).append(seconds)
+                train_shares.setdefault(name, []).append(train_share)
+                print(
+                    f"round {round_ + 1} {name}: {seconds:.2f} s per 1,000 env steps, {train_share:.1%} in train "
+                    f"(load {loads[-1]:.2f})",
+                    flush=True,
+                )
+    figures: dict[str, dict[str, Any]] = {
         f"{name}_s_per_1000_env_steps": {
             "value": statistics.median(values),
             "unit": "training s per 1,000 env steps (median)",
@@ -131,11 +148,14 @@ def main() -> None:
         }
         for name, values in runs.items()
     }
-    figures["overlap_speedup"] = {
-        "value": statistics.median(ratios),
-        "unit": "x (median of per-round sequential / overlap)",
-        "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
-    }
+    pairs = [("overlap_speedup", "sequential", "overlap"), ("speedup_over_base", "base", "sequential")]
+    for figure, slow, fast in pairs:
+        if slow in runs:
+            figures[figure] = {
+                "value": statistics.median(s / f for s, f in zip(runs[slow], runs[fast])),
+                "unit": f"x (median of per-round {slow} / {fast})",
+                "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
+            }
     config = {
         "task": args.task,
         "env_steps": args.env_steps,
@@ -143,6 +163,7 @@ def main() -> None:
         "rounds": args.rounds,
         "seed": args.seed,
         "device": args.device,
+        "base": short_commit(args.base) if args.base else None,
     }
     write_results(f"loop_time_{args.task}", config, figures, args.out_dir)
 

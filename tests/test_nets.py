@@ -439,6 +439,26 @@ def test_fast_dropout_drops_at_its_rate_and_keeps_the_expectation(p: float) -> N
     assert th.equal(layer.eval()(x), x)
 
 
+@pytest.mark.parametrize("shape", [(3, 7, 11), (8, 65, 128), (2, 6), (5,)])
+def test_fast_dropout_mask_follows_each_field_of_its_draws(shape: tuple[int, ...]) -> None:
+    """Whatever the row width the comparison runs in (it depends on the number of draws), element
+    ``i`` is kept exactly when 16-bit field ``i % 4`` of draw ``i // 4`` is at or above its range's
+    threshold."""
+    from sb3_amago.nets.dropout import keep_mask
+
+    p = 0.05
+    steps = round(p * 2**15)
+    n = math.prod(shape)
+    th.manual_seed(3)
+    mask = keep_mask(th.Size(shape), p, th.float32, th.device("cpu"))
+    th.manual_seed(3)
+    draws = th.empty(-(-n // 4), dtype=th.int64).random_()
+    fields = draws.view(th.int16).view(-1, 4).numpy().astype(np.int64)  # little-endian: field 3 holds the sign bit
+    thresholds = np.array([-(2**15) + 2 * steps] * 3 + [steps])
+    kept = (fields >= thresholds).reshape(-1)[:n].reshape(shape)
+    np.testing.assert_array_equal(mask.numpy() > 0, kept)
+
+
 def test_fast_dropout_compiles_without_a_graph_break() -> None:
     """Under torch.compile the layer is torch's dropout (its random op traces; FastDropout's
     in-place ``random_`` would break the graph), still dropping at its rate."""

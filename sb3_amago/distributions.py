@@ -38,6 +38,13 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 ATANH_EPS = 1e-6
 
 
+def softmax_over_actions(logits: th.Tensor) -> th.Tensor:
+    """Softmax over the last axis of ``(..., G, n)``, run over the second-to-last axis of the
+    transposed ``(..., n, G)``: torch's CPU softmax over a last axis of a few actions is ~5x slower
+    than over a leading one (equal to the direct softmax up to float32 rounding)."""
+    return F.softmax(logits.transpose(-1, -2).contiguous(), dim=-2).transpose(-1, -2).contiguous()
+
+
 def clamp_probs(probs: th.Tensor) -> th.Tensor:
     """Clamp probabilities to [0.001, 0.99] along the last axis and renormalise."""
     probs = probs.clamp(PROB_MIN, PROB_MAX)
@@ -160,7 +167,7 @@ class CategoricalAction(ActionType):
         return self.encoded_dim
 
     def actor_output(self, raw: th.Tensor) -> th.Tensor:
-        return th.cat([clamp_probs(F.softmax(part, dim=-1)) for part in raw.split(self.nvec, dim=-1)], dim=-1)
+        return th.cat([clamp_probs(softmax_over_actions(part)) for part in raw.split(self.nvec, dim=-1)], dim=-1)
 
     def select_gamma(self, actor_out: th.Tensor, index: int) -> th.Tensor:
         return actor_out[..., index, :]

@@ -274,6 +274,21 @@ def test_action_type_round_trips_env_actions_and_samples_in_the_buffer_form(name
     assert action_type.entropy(actor_out).shape == (6, 3)
 
 
+@pytest.mark.parametrize("nvec", [[4], [3, 5, 2]])
+def test_categorical_actor_output_is_the_clamped_softmax_of_each_sub_action(nvec: list[int]) -> None:
+    """Probabilities ``(..., G, sum(nvec))``: per sub-action the softmax of its logits (computed over a
+    transposed layout for speed), clamped to [0.001, 0.99] and renormalised."""
+    space = spaces.Discrete(nvec[0]) if len(nvec) == 1 else spaces.MultiDiscrete(nvec)
+    action_type = make_action_type(space)
+    th.manual_seed(0)
+    raw = 3 * th.randn(2, 5, 19, sum(nvec))  # (B, L, G, A)
+    probs = action_type.actor_output(raw)
+    assert probs.shape == raw.shape and probs.is_contiguous()
+    for part_probs, part_raw in zip(probs.split(nvec, -1), raw.split(nvec, -1), strict=True):
+        expected = th.softmax(part_raw, -1).clamp(0.001, 0.99)
+        th.testing.assert_close(part_probs, expected / expected.sum(-1, keepdim=True))
+
+
 def test_action_type_factory_names_unsupported_spaces() -> None:
     with pytest.raises(ValueError, match="Discrete, MultiDiscrete and Box"):
         make_action_type(spaces.MultiBinary(3))

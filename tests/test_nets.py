@@ -162,9 +162,11 @@ def test_rotary_attention_sees_only_time_offsets() -> None:
 
 def test_rotary_rotation_by_hand() -> None:
     """Each feature pair (i, i + d/2) turns by t * base^(-i / (d/2)); q.k depends on t_q - t_k only."""
-    cos, sin = rotary_tables(th.tensor([[0, 1, 3]]), d_head=4)  # (1, 1, 3, 2)
+    cos, sin = rotary_tables(th.tensor([[0, 1, 3]]), d_head=4)  # (1, 1, 3, 4): per feature, pairs (0, 2) and (1, 3)
     th.testing.assert_close(cos[0, 0, :, 0], th.tensor([1.0, math.cos(1.0), math.cos(3.0)]))
-    th.testing.assert_close(sin[0, 0, :, 1], th.tensor([0.0, math.sin(0.01), math.sin(0.03)]))
+    th.testing.assert_close(cos[0, 0, :, 2], cos[0, 0, :, 0])
+    th.testing.assert_close(sin[0, 0, :, 3], th.tensor([0.0, math.sin(0.01), math.sin(0.03)]))
+    th.testing.assert_close(sin[0, 0, :, 1], -sin[0, 0, :, 3])
     x = th.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 1, 3, 4)
     rotated = apply_rotary(x, (cos, sin))
     th.testing.assert_close(

@@ -82,22 +82,27 @@ def sinusoidal_embedding(time_idx: th.Tensor, d_model: int) -> th.Tensor:
 
 
 def rotary_tables(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
-    """Cosines and sines of the rotary embedding (Su et al. 2021) at integer time indices.
+    """Cosines and signed sines of the rotary embedding (Su et al. 2021) at integer time indices, per
+    feature: feature ``i`` and its partner ``i + d_head / 2`` turn by the same angle, so ``cos`` holds
+    each pair's cosine twice and ``sin`` its sine, negated on the first half (see :func:`apply_rotary`).
 
     :param time_idx: ``(B, L)`` int
-    :return: ``cos``, ``sin``, each ``(B, 1, L, d_head // 2)`` float32 (broadcast over heads)
+    :return: ``cos``, ``sin``, each ``(B, 1, L, d_head)`` float32 (broadcast over heads)
     """
     half = d_head // 2
     freqs = ROTARY_BASE ** (-th.arange(half, device=time_idx.device, dtype=th.float32) / half)
     angles = time_idx.to(th.float32).unsqueeze(-1) * freqs  # (B, L, half)
-    return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
+    cos, sin = angles.cos(), angles.sin()
+    return th.cat([cos, cos], dim=-1).unsqueeze(1), th.cat([-sin, sin], dim=-1).unsqueeze(1)
 
 
 def apply_rotary(x: th.Tensor, rotary: tuple[th.Tensor, th.Tensor]) -> th.Tensor:
-    """Rotate the feature pairs ``(x_i, x_{i + d/2})`` of ``x`` ``(..., B, H, L, d_head)`` by their angles."""
+    """Rotate the feature pairs ``(x_i, x_{i + d/2})`` of ``x`` ``(..., B, H, L, d_head)`` by their
+    angles: ``(x_1 cos - x_2 sin, x_2 cos + x_1 sin)``, as ``x * cos + swap(x) * sin`` with the tables
+    of :func:`rotary_tables` (the same values as the four half-width products, in half the operators)."""
     cos, sin = (t.to(x.dtype) for t in rotary)
     x1, x2 = x.chunk(2, dim=-1)
-    return th.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return x * cos + th.cat([x2, x1], dim=-1) * sin
 
 
 Rotary = tuple[th.Tensor, th.Tensor] | None

@@ -7,6 +7,7 @@ and reads, at the junction (the step where the choice is made):
 - ``reached``: the greedy walk stands at the junction when it chooses (both sides: 1);
 - ``success``: the greedy turn is the goal side, for both sides;
 - ``p_goal``: the main-gamma actor's probability of the goal-side turn (mean over the two sides);
+  ``p_turn``: of either turn (a memoryless agent that turns has ``p_goal`` = ``p_turn`` / 2);
 - ``q_gap``: the critics' main-gamma value of the goal-side turn minus the other turn (mean over
   critics and sides): the critics know the cue when it is clearly positive;
 - ``state_gap``: how far apart the encoder's output states of the two episodes are, relative to
@@ -97,6 +98,7 @@ def junction_readout(model: AMAGO, corridor: int, goal_up: bool) -> dict[str, An
         "reached": reached,
         "success": bool(info["success"]),
         "p_goal": float(probs[goal]),
+        "p_turn": float(probs[goal] + probs[other]),
         "q_gap": float((q[:, goal] - q[:, other]).mean()),
         "hidden": hidden[0],
         # per layer: the junction query's weight on the cue step (key 0), (H,)
@@ -113,6 +115,7 @@ def probe(path: Path, corridor: int) -> dict[str, Any]:
         "reached": (up["reached"] + down["reached"]) / 2,
         "success": (up["success"] + down["success"]) / 2,
         "p_goal": (up["p_goal"] + down["p_goal"]) / 2,
+        "p_turn": (up["p_turn"] + down["p_turn"]) / 2,
         "q_gap": (up["q_gap"] + down["q_gap"]) / 2,
         "state_gap": float((h_up - h_down).norm() / ((h_up.norm() + h_down.norm()) / 2)),
     }

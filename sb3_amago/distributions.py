@@ -13,13 +13,14 @@ Each class owns, for its space:
   encoded action as input) and the values of buffer and policy actions.
 
 Shapes: ``B`` windows of ``L`` steps, ``G`` discount factors, ``C`` critics, ``N`` envs,
-``A = encoded_dim``. The actor output is a tensor of probabilities ``(..., G, A)`` for the discrete
-spaces and a pair ``(mean, log_std)`` of ``(..., G, A)`` tensors for Box.
+``A = encoded_dim``. The actor output is a :class:`CategoricalOutput` (clamped probabilities and
+the logits they come from, each ``(..., G, A)``) for the discrete spaces and a pair
+``(mean, log_std)`` of ``(..., G, A)`` tensors for Box.
 """
 
 import abc
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
@@ -38,11 +39,12 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 ATANH_EPS = 1e-6
 
 
-def softmax_over_actions(logits: th.Tensor) -> th.Tensor:
-    """Softmax over the last axis of ``(..., G, n)``, run over the second-to-last axis of the
-    transposed ``(..., n, G)``: torch's CPU softmax over a last axis of a few actions is ~5x slower
-    than over a leading one (equal to the direct softmax up to float32 rounding)."""
-    return F.softmax(logits.transpose(-1, -2).contiguous(), dim=-2).transpose(-1, -2).contiguous()
+def softmax_over_actions(logits: th.Tensor, log: bool = False) -> th.Tensor:
+    """Softmax (``log``: log-softmax) over the last axis of ``(..., G, n)``, run over the
+    second-to-last axis of the transposed ``(..., n, G)``: torch's CPU softmax over a last axis of a
+    few actions is ~5x slower than over a leading one (equal to the direct one up to float32 rounding)."""
+    softmax = F.log_softmax if log else F.softmax
+    return softmax(logits.transpose(-1, -2).contiguous(), dim=-2).transpose(-1, -2).contiguous()
 
 
 def clamp_probs(probs: th.Tensor) -> th.Tensor:
@@ -148,6 +150,21 @@ class ActionType(abc.ABC):
         return q_buf, self.critic_values(critics, state.detach(), policy_action, params=frozen)
 
 
+class CategoricalOutput(NamedTuple):
+    """The categorical actor's output, per discount factor.
+
+    ``probs`` are what the agent acts with and what the policy-gradient term differentiates: the
+    softmax of each sub-action's logits, clamped to [0.001, 0.99] and renormalised. The clamp has no
+    gradient where it binds, so the log-likelihood of buffer actions (the behaviour-cloning terms)
+    is the log-softmax of the ``logits`` instead: a buffer action the policy has pushed far below
+    0.001 is still pulled back up (gradient ``1 - p`` on its logit), where ``log(probs)`` would give
+    it none.
+    """
+
+    probs: th.Tensor  # (..., G, A)
+    logits: th.Tensor  # (..., G, A)
+
+
 class CategoricalAction(ActionType):
     """Discrete and MultiDiscrete: one categorical per sub-action, actions one-hot encoded.
 
@@ -166,33 +183,39 @@ class CategoricalAction(ActionType):
     def actor_output_dim(self) -> int:
         return self.encoded_dim
 
-    def actor_output(self, raw: th.Tensor) -> th.Tensor:
-        return th.cat([clamp_probs(softmax_over_actions(part)) for part in raw.split(self.nvec, dim=-1)], dim=-1)
+    def actor_output(self, raw: th.Tensor) -> CategoricalOutput:
+        probs = th.cat([clamp_probs(softmax_over_actions(part)) for part in raw.split(self.nvec, dim=-1)], dim=-1)
+        return CategoricalOutput(probs, raw)
 
-    def select_gamma(self, actor_out: th.Tensor, index: int) -> th.Tensor:
-        return actor_out[..., index, :]
+    def select_gamma(self, actor_out: CategoricalOutput, index: int) -> CategoricalOutput:
+        return CategoricalOutput(*(t[..., index, :] for t in actor_out))
 
-    def sample(self, actor_out: th.Tensor, deterministic: bool) -> th.Tensor:
+    def sample(self, actor_out: CategoricalOutput, deterministic: bool) -> th.Tensor:
         picks = []
-        for probs in actor_out.split(self.nvec, dim=-1):
+        for probs in actor_out.probs.split(self.nvec, dim=-1):
             picks.append(probs.argmax(-1) if deterministic else th.multinomial(probs, 1).squeeze(-1))
         return th.stack(picks, dim=-1).float()
 
-    def policy_action(self, actor_out: th.Tensor) -> th.Tensor:
+    def policy_action(self, actor_out: CategoricalOutput) -> th.Tensor:
         """A one-hot sample per sub-action with straight-through gradients."""
         parts = []
-        for probs in actor_out.split(self.nvec, dim=-1):
+        for probs in actor_out.probs.split(self.nvec, dim=-1):
             flat = probs.reshape(-1, probs.shape[-1])
             sample = F.one_hot(th.multinomial(flat, 1).squeeze(-1), probs.shape[-1]).view_as(probs).to(probs.dtype)
             parts.append(sample + probs - probs.detach())
         return th.cat(parts, dim=-1)
 
-    def log_prob(self, actor_out: th.Tensor, buffer_action: th.Tensor) -> th.Tensor:
+    def log_prob(self, actor_out: CategoricalOutput, buffer_action: th.Tensor) -> th.Tensor:
+        """The log-softmax of the logits at the buffer action (see :class:`CategoricalOutput`), summed over sub-actions."""
         onehot = self.encode(buffer_action).unsqueeze(-2)  # (B, L, 1, A)
-        return (onehot * actor_out.log()).sum(-1)
+        log_probs = th.cat(
+            [softmax_over_actions(part, log=True) for part in actor_out.logits.split(self.nvec, dim=-1)], dim=-1
+        )
+        return (onehot * log_probs).sum(-1)
 
-    def entropy(self, actor_out: th.Tensor) -> th.Tensor:
-        return -(actor_out * actor_out.log()).sum(-1)
+    def entropy(self, actor_out: CategoricalOutput) -> th.Tensor:
+        probs = actor_out.probs
+        return -(probs * probs.log()).sum(-1)
 
     def explore(self, action: th.Tensor, eps: th.Tensor) -> th.Tensor:
         """Epsilon-greedy per sub-action: each is replaced by a uniform choice with probability ``eps``."""
@@ -222,9 +245,9 @@ class DiscreteAction(CategoricalAction):
     def to_env(self, buffer_action: np.ndarray) -> np.ndarray:
         return buffer_action[:, 0].astype(np.int64)
 
-    def policy_action(self, actor_out: th.Tensor) -> th.Tensor:
+    def policy_action(self, actor_out: CategoricalOutput) -> th.Tensor:
         """The probability vector itself: its value under the critics is the exact expectation."""
-        return actor_out
+        return actor_out.probs
 
     def make_critics(self, state_dim: int, gammas: th.Tensor, n_critics: int, hidden: tuple[int, ...]) -> CriticEnsemble:
         """The critic ensemble: each critic maps a state to the value of every action."""

@@ -2,6 +2,8 @@
 replay, trains, and is acted on by predict (raw observations of the user's env); non-finite values
 are refused with the part named; images of every size get a CNN that fits them, or a clear error."""
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -154,7 +156,7 @@ def test_discrete_start_offsets_reach_the_same_one_hot_codes() -> None:
     with th.no_grad():
         a = shifted.policy.observe(th.tensor([[-2], [1]]), shifted.policy.initial_state(2))[0]
         b = plain.policy.observe(th.tensor([[0], [3]]), plain.policy.initial_state(2))[0]
-    assert th.equal(a, b)
+    assert all(th.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("name", [name for name, space in SPACES.items() if has_float_part(space)])
@@ -282,11 +284,37 @@ def test_categorical_actor_output_is_the_clamped_softmax_of_each_sub_action(nvec
     action_type = make_action_type(space)
     th.manual_seed(0)
     raw = 3 * th.randn(2, 5, 19, sum(nvec))  # (B, L, G, A)
-    probs = action_type.actor_output(raw)
+    probs = action_type.actor_output(raw).probs
     assert probs.shape == raw.shape and probs.is_contiguous()
     for part_probs, part_raw in zip(probs.split(nvec, -1), raw.split(nvec, -1), strict=True):
         expected = th.softmax(part_raw, -1).clamp(0.001, 0.99)
         th.testing.assert_close(part_probs, expected / expected.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("nvec", [[4], [3, 5, 2]])
+def test_categorical_log_prob_is_the_log_softmax_and_keeps_its_gradient_below_the_clamp(nvec: list[int]) -> None:
+    """The log-likelihood of a buffer action is the sum over sub-actions of the log-softmax of the
+    logits, not the log of the clamped probabilities: an action the policy holds at 1e-13, far below
+    the clamp, still gets the log-softmax's gradient ``1 - p`` on its logit (the clamp would give 0)."""
+    space = spaces.Discrete(nvec[0]) if len(nvec) == 1 else spaces.MultiDiscrete(nvec)
+    action_type = make_action_type(space)
+    th.manual_seed(0)
+    raw = 3 * th.randn(2, 5, 19, sum(nvec))  # (B, L, G, A)
+    raw[..., 0] = -30.0  # the first choice of the first sub-action: probability ~1e-13
+    raw.requires_grad_(True)
+    buffer = th.stack([th.randint(n, (2, 5)) for n in nvec], dim=-1).float()  # (B, L, d)
+    buffer[..., 0] = 0.0
+    log_prob = action_type.log_prob(action_type.actor_output(raw), buffer)  # (B, L, G)
+    parts = raw.split(nvec, -1)
+    expected = sum(
+        th.log_softmax(part, -1).gather(-1, buffer[..., i].long()[..., None, None].expand(2, 5, 19, 1)).squeeze(-1)
+        for i, part in enumerate(parts)
+    )
+    th.testing.assert_close(log_prob, expected)
+    assert bool((log_prob < math.log(0.001)).all()), "below what the clamped probabilities could express"
+    log_prob.sum().backward()
+    assert raw.grad is not None
+    th.testing.assert_close(raw.grad[..., 0], th.ones(2, 5, 19), atol=1e-6, rtol=0)
 
 
 def test_action_type_factory_names_unsupported_spaces() -> None:

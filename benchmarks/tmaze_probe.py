@@ -6,7 +6,10 @@ and reads, at the junction (the step where the choice is made):
 
 - ``reached``: the greedy walk stands at the junction when it chooses (both sides: 1);
 - ``success``: the greedy turn is the goal side, for both sides;
-- ``p_goal``: the main-gamma actor's probability of the goal-side turn (mean over the two sides);
+- ``p_goal``: the main-gamma actor's probability of the goal-side turn (mean over the two sides;
+  the probabilities the agent acts with, clamped to [0.001, 0.99]); ``log10 p_goal, raw``: the
+  smaller over the two sides of log10 of the same probability before the clamp (the softmax of
+  the logits), which shows how far below the clamp the policy has pushed the right turn;
   ``p_turn``: of either turn (a memoryless agent that turns has ``p_goal`` = ``p_turn`` / 2);
 - ``q_gap``: the critics' main-gamma value of the goal-side turn minus the other turn (mean over
   critics and sides): the critics know the cue when it is clearly positive;
@@ -18,11 +21,13 @@ and reads, at the junction (the step where the choice is made):
 
     python benchmarks/tmaze_probe.py MODEL.zip [MODEL.zip ...] --corridor 100 --name tmaze_probe_seed2
 
-Results: ``benchmarks/results/<name>.json`` / ``.md``, one row per model.
+Results: ``benchmarks/results/<name>.json`` / ``.md``, one row per model, labelled with its env
+steps where a ``meta.json`` of ``learning.py``'s checkpoints lies beside it.
 """
 
 import argparse
 import contextlib
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +36,8 @@ from unittest import mock
 
 import gymnasium as gym
 import torch as th
-from common import write_results
+from common import provenance, run_metadata
+from curves import markdown_table, write_report
 from torch.nn import functional as F
 
 import sb3_amago  # noqa: F401  (registers the envs)
@@ -91,13 +97,16 @@ def junction_readout(model: AMAGO, corridor: int, goal_up: bool) -> dict[str, An
     assert terminated, "the choice ends the episode"
     hidden = states[-1]  # (1, D)
     with th.no_grad():
-        probs = policy.actor(hidden)[0, -1]  # (A,): the main gamma's probabilities
+        actor_out = policy.actor(hidden)
+        probs = actor_out.probs[0, -1]  # (A,): the main gamma's probabilities
+        raw_probs = actor_out.logits[0, -1].softmax(-1)  # the same before the clamp
         q = policy.popart.denormalize(policy.critics(hidden).transpose(-1, -2))[0, :, :, -1]  # (C, A), main gamma
     goal, other = (TMazeEnv.UP, TMazeEnv.DOWN) if goal_up else (TMazeEnv.DOWN, TMazeEnv.UP)
     return {
         "reached": reached,
         "success": bool(info["success"]),
         "p_goal": float(probs[goal]),
+        "log10_p_goal_raw": math.log10(max(float(raw_probs[goal]), 1e-45)),
         "p_turn": float(probs[goal] + probs[other]),
         "q_gap": float((q[:, goal] - q[:, other]).mean()),
         "hidden": hidden[0],
@@ -115,6 +124,7 @@ def probe(path: Path, corridor: int) -> dict[str, Any]:
         "reached": (up["reached"] + down["reached"]) / 2,
         "success": (up["success"] + down["success"]) / 2,
         "p_goal": (up["p_goal"] + down["p_goal"]) / 2,
+        "log10_p_goal_raw": min(up["log10_p_goal_raw"], down["log10_p_goal_raw"]),
         "p_turn": (up["p_turn"] + down["p_turn"]) / 2,
         "q_gap": (up["q_gap"] + down["q_gap"]) / 2,
         "state_gap": float((h_up - h_down).norm() / ((h_up.norm() + h_down.norm()) / 2)),
@@ -126,19 +136,65 @@ def probe(path: Path, corridor: int) -> dict[str, Any]:
     return row
 
 
+def label(path: Path) -> str:
+    """A model's row label: its env steps from the ``meta.json`` beside it, else its path."""
+    meta = path.parent / "meta.json"
+    return f"{json.loads(meta.read_text())['env_steps']:,}" if meta.exists() else str(path)
+
+
+COLUMNS = (
+    ("reached", "reached", ".1f"),
+    ("success", "success", ".1f"),
+    ("p_turn", "p_turn", ".3f"),
+    ("p_goal", "p_goal", ".3f"),
+    ("log10_p_goal_raw", "log10 p_goal, raw", ".1f"),
+    ("q_gap", "q_gap", ".1f"),
+    ("state_gap", "state_gap", ".2f"),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", type=Path, help="saved models (.zip)")
     parser.add_argument("--corridor", type=int, default=100, help="the T-maze's corridor length H")
     parser.add_argument("--name", default="tmaze_probe", help="results file name")
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     th.set_num_threads(1)
-    figures = {}
+    rows = []
     for path in args.models:
-        row = probe(path, args.corridor)
-        print(path, {k: round(v, 4) for k, v in row.items()}, flush=True)
-        figures[str(path)] = {"value": row["success"], "unit": "greedy success over both sides", **row}
-    write_results(args.name, {"corridor": args.corridor, "models": [str(p) for p in args.models]}, figures)
+        row = {"model": label(path), **probe(path, args.corridor)}
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+        rows.append(row)
+    n_layers = sum(key.endswith("_max_head") for key in rows[0])
+    header = (
+        "model",
+        *(title for _, title, _ in COLUMNS),
+        *(f"cue attention, layer {i} (mean / max head)" for i in range(n_layers)),
+    )
+    table = [
+        (
+            row["model"],
+            *(format(row[key], fmt) for key, _, fmt in COLUMNS),
+            *(f"{row[f'cue_attention_l{i}']:.3f} / {row[f'cue_attention_l{i}_max_head']:.3f}" for i in range(n_layers)),
+        )
+        for row in rows
+    ]
+    meta = run_metadata()
+    lines = [
+        f"# {args.name}",
+        "",
+        provenance(meta),
+        "",
+        (
+            f"Greedy episodes of the passive T-maze, H = {args.corridor}, one per goal side; readings at the junction "
+            "(columns: see the docstring of `benchmarks/tmaze_probe.py`). Uniform attention over the junction's "
+            f"context puts {1 / (args.corridor + 1):.3f} on the cue step."
+        ),
+        "",
+        markdown_table(header, table),
+    ]
+    write_report(args.out_dir, args.name, {"corridor": args.corridor, "rows": rows, **meta}, lines)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def test_probe_reads_both_goal_sides_at_the_junction(tmp_path: Path) -> None:
     row = probe(tmp_path / "model.zip", corridor)
     assert row["reached"] in (0.0, 0.5, 1.0) and row["success"] in (0.0, 0.5, 1.0)
     assert 0.0 <= row["p_goal"] <= row["p_turn"] <= 1.0
+    assert row["log10_p_goal_raw"] <= 0.0
     assert row["state_gap"] > 0.0, "the two episodes differ in their cue, so their states differ"
     n_layers = len(model.policy.traj_encoder.blocks)
     for layer in range(n_layers):

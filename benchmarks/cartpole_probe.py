@@ -71,7 +71,7 @@ def probe_episode(model: AMAGO, env: gym.Env, seed: int) -> dict[str, Any]:
         action, context = model.predict(obs, state=context, episode_start=np.array([t == 0]), deterministic=True)
         with th.no_grad():
             state = states[-1]
-            probs = policy.actor(state)[..., -1, :].reshape(-1)  # main gamma, (2,)
+            probs = policy.actor(state).probs[..., -1, :].reshape(-1)  # main gamma, (2,)
             q = policy.critics(state)  # (..., C, G, 2)
             q_main = policy.popart.denormalize(q.movedim(-1, 0))[..., -1].reshape(2, -1).mean(-1)  # (2,), critics' mean
         action = int(np.asarray(action).reshape(-1)[0])

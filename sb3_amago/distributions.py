@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from sb3_amago.nets.heads import ActionInputCritics, CriticEnsemble, EveryActionCritics
 
-#: The actor output: probabilities ``(..., G, A)``, or ``(mean, log_std)`` for Box.
+#: The actor output: a :class:`CategoricalOutput`, or ``(mean, log_std)`` for Box.
 ActorOutput = Any
 
 PROB_MIN, PROB_MAX = 1e-3, 0.99

@@ -54,8 +54,8 @@ class ActorHead(nn.Module):
     """One action distribution per discount factor: an MLP whose output layer the action type reads.
 
     ``forward`` maps states ``(..., D)`` to the action type's actor output (see
-    :mod:`sb3_amago.distributions`): probabilities ``(..., G, A)`` for Discrete and MultiDiscrete,
-    ``(mean, log_std)`` of ``(..., G, A)`` each for Box.
+    :mod:`sb3_amago.distributions`): ``CategoricalOutput(probs, logits)`` for Discrete and
+    MultiDiscrete, ``(mean, log_std)``, each ``(..., G, A)``, for Box.
     """
 
     def __init__(self, state_dim: int, action_type: "ActionType", n_gammas: int, hidden: tuple[int, ...] = (256, 256)):

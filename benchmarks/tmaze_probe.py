@@ -96,17 +96,19 @@ def junction_readout(model: AMAGO, corridor: int, goal_up: bool) -> dict[str, An
     _, _, terminated, _, info = env.step(action)
     assert terminated, "the choice ends the episode"
     hidden = states[-1]  # (1, D)
+    goal, other = (TMazeEnv.UP, TMazeEnv.DOWN) if goal_up else (TMazeEnv.DOWN, TMazeEnv.UP)
     with th.no_grad():
         actor_out = policy.actor(hidden)
         probs = actor_out.probs[0, -1]  # (A,): the main gamma's probabilities
-        raw_probs = actor_out.logits[0, -1].softmax(-1)  # the same before the clamp
+        log_p_goal_raw = policy.action_type.log_prob(actor_out, th.tensor([[float(goal)]]))[
+            0, -1
+        ]  # before the clamp (log-softmax)
         q = policy.popart.denormalize(policy.critics(hidden).transpose(-1, -2))[0, :, :, -1]  # (C, A), main gamma
-    goal, other = (TMazeEnv.UP, TMazeEnv.DOWN) if goal_up else (TMazeEnv.DOWN, TMazeEnv.UP)
     return {
         "reached": reached,
         "success": bool(info["success"]),
         "p_goal": float(probs[goal]),
-        "log10_p_goal_raw": math.log10(max(float(raw_probs[goal]), 1e-45)),
+        "log10_p_goal_raw": float(log_p_goal_raw) / math.log(10.0),
         "p_turn": float(probs[goal] + probs[other]),
         "q_gap": float((q[:, goal] - q[:, other]).mean()),
         "hidden": hidden[0],

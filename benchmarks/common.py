@@ -95,6 +95,13 @@ def provenance(meta: dict[str, Any], per: str = "") -> str:
     )
 
 
+def checkpoint_label(path: Path) -> str:
+    """A saved model's row label: its env steps from the ``meta.json`` that ``learning.py
+    --checkpoint-dir`` writes beside it, else its path."""
+    meta = path.parent / "meta.json"
+    return f"{json.loads(meta.read_text())['env_steps']:,}" if meta.exists() else str(path)
+
+
 def markdown(name: str, payload: dict[str, Any]) -> str:
     """The people's table of a result payload (as written to ``<name>.json``); fields of a figure
     beyond value and unit (ratios, references) go in its last column."""

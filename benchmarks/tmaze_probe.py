@@ -27,7 +27,6 @@ steps where a ``meta.json`` of ``learning.py``'s checkpoints lies beside it.
 
 import argparse
 import contextlib
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +35,7 @@ from unittest import mock
 
 import gymnasium as gym
 import torch as th
-from common import provenance, run_metadata
+from common import checkpoint_label, provenance, run_metadata
 from curves import markdown_table, write_report
 from torch.nn import functional as F
 
@@ -138,12 +137,6 @@ def probe(path: Path, corridor: int) -> dict[str, Any]:
     return row
 
 
-def label(path: Path) -> str:
-    """A model's row label: its env steps from the ``meta.json`` beside it, else its path."""
-    meta = path.parent / "meta.json"
-    return f"{json.loads(meta.read_text())['env_steps']:,}" if meta.exists() else str(path)
-
-
 COLUMNS = (
     ("reached", "reached", ".1f"),
     ("success", "success", ".1f"),
@@ -165,7 +158,7 @@ def main() -> None:
     th.set_num_threads(1)
     rows = []
     for path in args.models:
-        row = {"model": label(path), **probe(path, args.corridor)}
+        row = {"model": checkpoint_label(path), **probe(path, args.corridor)}
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
         rows.append(row)
     n_layers = sum(key.endswith("_max_head") for key in rows[0])

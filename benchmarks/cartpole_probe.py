@@ -37,8 +37,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch as th
-from common import provenance, run_metadata
-from curves import markdown_table, write_report
+from common import run_metadata
+from curves import table_report, write_report
 from learning import make_envs, run_settings
 from stable_baselines3.common.callbacks import CheckpointCallback
 from swap_in import TASKS
@@ -163,15 +163,11 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
         "bootstrapped value",
         "PopArt w, first / main gamma",
     )
-    return [
-        "# CartPole probe",
-        "",
-        provenance(meta),
-        "",
-        "Deterministic episodes of each checkpoint (columns: see the docstring of `benchmarks/cartpole_probe.py`; means over the episodes).",
-        "",
-        markdown_table(header, table),
-    ]
+    description = (
+        "Deterministic episodes of each checkpoint (columns: see the docstring of `benchmarks/cartpole_probe.py`; "
+        "means over the episodes)."
+    )
+    return table_report("CartPole probe", meta, description, header, table)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import provenance
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -299,6 +300,14 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def table_report(
+    title: str, meta: Mapping[str, Any], description: str, header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> list[str]:
+    """The lines of a one-table report: title, provenance (:func:`common.provenance` of ``meta``),
+    what the table holds, the table."""
+    return [f"# {title}", "", provenance(dict(meta)), "", description, "", markdown_table(header, rows)]
 
 
 def per_seed(values: Iterable[Any]) -> str:

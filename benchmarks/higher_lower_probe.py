@@ -32,8 +32,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch as th
-from common import checkpoint_label, provenance, run_metadata
-from curves import EVAL_SEED_OFFSET, markdown_table, write_report
+from common import checkpoint_label, run_metadata
+from curves import EVAL_SEED_OFFSET, table_report, write_report
 
 import sb3_amago  # noqa: F401  (registers the envs)
 from sb3_amago import AMAGO
@@ -152,19 +152,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         for row in rows
     ]
     meta = run_metadata()
-    lines = [
-        f"# {args.name}",
-        "",
-        provenance(meta),
-        "",
-        (
-            f"{args.episodes} decks of HigherLowerEasy (reset seeds {args.seed} on), the same for every player; "
-            "score: POPGym-normalised mean return ± its standard error. Players and readings: see the docstring "
-            "of `benchmarks/higher_lower_probe.py`."
-        ),
-        "",
-        markdown_table(header, table),
-    ]
+    description = (
+        f"{args.episodes} decks of HigherLowerEasy (reset seeds {args.seed} on), the same for every player; "
+        "score: POPGym-normalised mean return ± its standard error. Players and readings: see the docstring "
+        "of `benchmarks/higher_lower_probe.py`."
+    )
+    lines = table_report(args.name, meta, description, header, table)
     write_report(args.out_dir, args.name, {"episodes": args.episodes, "seed": args.seed, "rows": rows, **meta}, lines)
 
 

@@ -35,8 +35,8 @@ from unittest import mock
 
 import gymnasium as gym
 import torch as th
-from common import checkpoint_label, provenance, run_metadata
-from curves import markdown_table, write_report
+from common import checkpoint_label, run_metadata
+from curves import table_report, write_report
 from torch.nn import functional as F
 
 import sb3_amago  # noqa: F401  (registers the envs)
@@ -176,19 +176,12 @@ def main() -> None:
         for row in rows
     ]
     meta = run_metadata()
-    lines = [
-        f"# {args.name}",
-        "",
-        provenance(meta),
-        "",
-        (
-            f"Greedy episodes of the passive T-maze, H = {args.corridor}, one per goal side; readings at the junction "
-            "(columns: see the docstring of `benchmarks/tmaze_probe.py`). Uniform attention over the junction's "
-            f"context puts {1 / (args.corridor + 1):.3f} on the cue step."
-        ),
-        "",
-        markdown_table(header, table),
-    ]
+    description = (
+        f"Greedy episodes of the passive T-maze, H = {args.corridor}, one per goal side; readings at the junction "
+        "(columns: see the docstring of `benchmarks/tmaze_probe.py`). Uniform attention over the junction's "
+        f"context puts {1 / (args.corridor + 1):.3f} on the cue step."
+    )
+    lines = table_report(args.name, meta, description, header, table)
     write_report(args.out_dir, args.name, {"corridor": args.corridor, "rows": rows, **meta}, lines)
 
 

@@ -1,0 +1,140 @@
+"""Runs of one task from several learning-suite CSVs, side by side, for comparing variants of the
+code (each CSV labelled with its variant) on more runs than the suite's own table keeps.
+
+    python benchmarks/run_table.py --task DarkKeyToDoor5 --runs clamped=a.csv log_softmax=b.csv \\
+        --out-dir benchmarks/results/darkkeytodoor5_bc_likelihood --name runs
+
+Per run (a label, a seed, a commit): the final score, the mean score of the last ``--last``
+evaluations (one evaluation of 32 episodes is noisy), the mean score over every evaluation (the
+area under the curve), and, on tasks with trials, each trial's return averaged over the same last
+evaluations. Per label: the mean and standard deviation over its finished runs. Unfinished runs
+(no final row) are listed with the env steps they reached and left out of the summary.
+"""
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from common import RESULTS_DIR, run_metadata
+from curves import CurveStore, Row, markdown_table, write_report
+from learning import FIELD_DEFAULTS, FIELDS
+
+
+def parse_runs(specs: Sequence[str]) -> list[tuple[str, Path]]:
+    """``LABEL=CSV`` arguments -> ``(label, path)`` pairs."""
+    pairs = []
+    for spec in specs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"--runs takes LABEL=CSV pairs, got {spec!r} (e.g. clamped=results/x.csv)")
+        pairs.append((label, Path(path)))
+    return pairs
+
+
+def summarise_run(rows: Sequence[Row], last: int) -> dict:
+    """One run's figures from its rows (any order)."""
+    rows = sorted(rows, key=lambda row: row["env_steps"])
+    score = np.array([row["score"] for row in rows])
+    tail = rows[-last:]
+    trials = [[float(x) for x in row["trial_returns"].split(";")] for row in tail if row["trial_returns"]]
+    return {
+        "commit": rows[-1]["commit"][:7],
+        "env_steps": rows[-1]["env_steps"],
+        "finished": bool(rows[-1]["final"]),
+        "final": float(score[-1]),
+        "last_mean": float(score[-last:].mean()),
+        "auc": float(score.mean()),
+        "trials": np.mean(trials, axis=0).tolist() if len(trials) == len(tail) else [],
+    }
+
+
+def collect(task: str, algo: str, runs: Sequence[tuple[str, Path]], last: int) -> list[dict]:
+    """Every run of ``task`` / ``algo`` in each labelled CSV, summarised (see :func:`summarise_run`)."""
+    found = []
+    for label, path in runs:
+        if not path.exists():
+            raise SystemExit(f"{path} does not exist: give --runs LABEL=CSV with the path of a learning-suite CSV")
+        by_seed: dict[int, list[Row]] = {}
+        for row in CurveStore(path, FIELDS, FIELD_DEFAULTS).read():
+            if row["task"] == task and row["algo"] == algo:
+                by_seed.setdefault(row["seed"], []).append(row)
+        found += [
+            {"label": label, "csv": str(path), "seed": seed, **summarise_run(rows, last)}
+            for seed, rows in sorted(by_seed.items())
+        ]
+    if not found:
+        raise SystemExit(f"no rows of task {task!r} and algo {algo!r} in the CSVs given")
+    return found
+
+
+def per_label(found: Sequence[dict]) -> list[dict]:
+    """Mean and std over each label's finished runs of the final score, the last-evaluations mean,
+    and the last trial's return minus the first's."""
+    summary = []
+    for label in dict.fromkeys(run["label"] for run in found):
+        done = [run for run in found if run["label"] == label and run["finished"]]
+        if not done:
+            continue
+        figures = {"label": label, "runs": len(done)}
+        for key in ("final", "last_mean", "auc"):
+            values = np.array([run[key] for run in done])
+            figures[key] = (float(values.mean()), float(values.std()))
+        rises = np.array([run["trials"][-1] - run["trials"][0] for run in done if run["trials"]])
+        figures["trial_rise"] = (float(rises.mean()), float(rises.std())) if len(rises) else None
+        summary.append(figures)
+    return summary
+
+
+def report_lines(task: str, found: Sequence[dict], summary: Sequence[dict], last: int, meta: dict) -> list[str]:
+    def pm(pair: tuple[float, float] | None) -> str:
+        return "" if pair is None else f"{pair[0]:.3f} ± {pair[1]:.3f}"
+
+    header = ["label", "seed", "commit", "env steps", "final", f"last {last}", "mean over all"]
+    n_trials = max(len(run["trials"]) for run in found)
+    header += [f"trial {i + 1}" for i in range(n_trials)]
+    rows = [
+        [run["label"], run["seed"], run["commit"], f"{run['env_steps']:,}" + ("" if run["finished"] else " (unfinished)")]
+        + [f"{run[key]:.3f}" for key in ("final", "last_mean", "auc")]
+        + [f"{x:.2f}" for x in run["trials"]]
+        + [""] * (n_trials - len(run["trials"]))
+        for run in found
+    ]
+    description = (
+        f"{task}, one row per run: the score at the final evaluation, the mean over the last {last} "
+        f"evaluations and over every evaluation, and each trial's return averaged over the last {last}."
+    )
+    lines = [f"# {task}: runs side by side", "", f"`{meta['command']}`, {meta['date']} (the runs' own machines and"]
+    lines += ["commits are their CSVs'; this only reads them).", "", description, "", markdown_table(header, rows)]
+    lines += ["", "Per label, over its finished runs (mean ± std):", ""]
+    lines.append(
+        markdown_table(
+            ["label", "runs", "final", f"last {last}", "mean over all", "last trial - first"],
+            [[s["label"], s["runs"], pm(s["final"]), pm(s["last_mean"]), pm(s["auc"]), pm(s["trial_rise"])] for s in summary],
+        )
+    )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--algo", default="amago")
+    parser.add_argument("--runs", nargs="+", required=True, metavar="LABEL=CSV")
+    parser.add_argument("--last", type=int, default=5, help="evaluations averaged at the end of a run")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--name", default="run_table")
+    args = parser.parse_args(argv)
+    found = collect(args.task, args.algo, parse_runs(args.runs), args.last)
+    summary = per_label(found)
+    meta = run_metadata()
+    write_report(
+        args.out_dir,
+        args.name,
+        {"meta": meta, "runs": found, "per_label": summary},
+        report_lines(args.task, found, summary, args.last, meta),
+    )
+
+
+if __name__ == "__main__":
+    main()

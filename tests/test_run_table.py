@@ -1,0 +1,66 @@
+"""benchmarks/run_table.py: runs of one task from several labelled CSVs, side by side."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from curves import CurveStore
+from learning import FIELDS
+from run_table import main
+
+
+def write_run(
+    path: Path, seed: int, scores: list[float], trials: list[list[float]], finished: bool = True, algo: str = "amago"
+) -> None:
+    store = CurveStore(path, FIELDS)
+    for i, (score, trial) in enumerate(zip(scores, trials, strict=True)):
+        store.append(
+            {
+                "task": "DarkKeyToDoor5",
+                "algo": algo,
+                "seed": seed,
+                "budget": 100,
+                "env_steps": 10 * i,
+                "wall_s": float(i),
+                "mean_return": 2 * score,
+                "std_return": 0.0,
+                "score": score,
+                "trial_returns": ";".join(str(x) for x in trial),
+                "final": int(finished and i == len(scores) - 1),
+                "commit": "abcdef1234",
+            }
+        )
+
+
+def test_run_table_summarises_each_run_and_each_label_over_its_finished_runs(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    write_run(a, 0, [0.0, 0.2, 0.4, 0.6], [[0, 0], [0, 1], [1, 2], [1, 3]])
+    write_run(a, 1, [0.0, 0.4, 0.2, 0.2], [[0, 0], [1, 1], [2, 2], [2, 2]])
+    write_run(a, 1, [0.9] * 4, [[9, 9]] * 4, algo="ppo_lstm")  # another algorithm: not read
+    write_run(b, 0, [0.0, 0.5], [[0, 0], [1, 1]], finished=False)
+    main(["--task", "DarkKeyToDoor5", "--runs", f"x={a}", f"y={b}", "--last", "2", "--out-dir", str(tmp_path), "--name", "t"])
+    payload = json.loads((tmp_path / "t.json").read_text())
+    runs = {(run["label"], run["seed"]): run for run in payload["runs"]}
+    assert set(runs) == {("x", 0), ("x", 1), ("y", 0)}
+    assert runs[("x", 0)]["final"] == pytest.approx(0.6)
+    assert runs[("x", 0)]["last_mean"] == pytest.approx(0.5)
+    assert runs[("x", 0)]["auc"] == pytest.approx(0.3)
+    assert runs[("x", 0)]["trials"] == pytest.approx([1.0, 2.5])
+    assert not runs[("y", 0)]["finished"] and runs[("y", 0)]["env_steps"] == 10
+    (x,) = [s for s in payload["per_label"] if s["label"] == "x"]
+    assert x["runs"] == 2
+    assert x["last_mean"] == pytest.approx([0.35, 0.15])  # seeds at 0.5 and 0.2
+    assert x["trial_rise"] == pytest.approx([0.75, 0.75])  # 2.5 - 1.0 and 2.0 - 2.0
+    assert [s["label"] for s in payload["per_label"]] == ["x"], "a label with no finished run has no summary"
+    report = (tmp_path / "t.md").read_text()
+    assert "60 (unfinished)" not in report and "10 (unfinished)" in report
+
+
+def test_run_table_names_the_fix_for_a_bad_runs_argument(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="LABEL=CSV"):
+        main(["--task", "DarkKeyToDoor5", "--runs", str(tmp_path / "a.csv")])
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["--task", "DarkKeyToDoor5", "--runs", f"x={tmp_path / 'a.csv'}"])

@@ -404,6 +404,11 @@ def evaluate_model(model: BaseAlgorithm, eval_env: VecEnv, task: Task, n_episode
     return Evaluation(float(np.mean(returns)), float(np.std(returns)), task.score(returns, successes, per_trial), trials_text)
 
 
+def row_trial_returns(row: Row) -> list[float]:
+    """The ``trial_returns`` column of a row as numbers, one per trial (empty on tasks without trials)."""
+    return [float(value) for value in row["trial_returns"].split(";")] if row["trial_returns"] else []
+
+
 class RunCheckpoint:
     """A run's state at its last evaluation, so that a run cut short continues from there in a later
     process (``--checkpoint-dir``): the model file, the replay (off-policy algorithms), the training
@@ -647,7 +652,7 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
             final_trials = None
             if task.trials:
                 last_rows = [max(runs[key], key=lambda row: row["env_steps"]) for key in keys]
-                final_trials = np.mean([[float(v) for v in row["trial_returns"].split(";")] for row in last_rows], axis=0)
+                final_trials = np.mean([row_trial_returns(row) for row in last_rows], axis=0)
             mean = mean_curve(curves)
             summaries.append(
                 Summary(

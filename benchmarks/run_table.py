@@ -2,7 +2,7 @@
 code (each CSV labelled with its variant) on more runs than the suite's own table keeps.
 
     python benchmarks/run_table.py --task DarkKeyToDoor5 --runs clamped=a.csv log_softmax=b.csv \\
-        --out-dir benchmarks/results/darkkeytodoor5_bc_likelihood --name runs
+        --out-dir benchmarks/results/bc_likelihood --name runs
 
 Per run (a label, a seed, a commit): the final score, the mean score of the last ``--last``
 evaluations (one evaluation of 32 episodes is noisy), the mean score over every evaluation (the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 from common import RESULTS_DIR, run_metadata
-from curves import CurveStore, Row, markdown_table, write_report
-from learning import FIELD_DEFAULTS, FIELDS
+from curves import Row, markdown_table, run_curve, write_report
+from learning import curve_store, row_trial_returns
 
 
 def parse_runs(specs: Sequence[str]) -> list[tuple[str, Path]]:
@@ -35,9 +35,9 @@ def parse_runs(specs: Sequence[str]) -> list[tuple[str, Path]]:
 def summarise_run(rows: Sequence[Row], last: int) -> dict:
     """One run's figures from its rows (any order)."""
     rows = sorted(rows, key=lambda row: row["env_steps"])
-    score = np.array([row["score"] for row in rows])
+    score = run_curve(rows).score
     tail = rows[-last:]
-    trials = [[float(x) for x in row["trial_returns"].split(";")] for row in tail if row["trial_returns"]]
+    trials = [row_trial_returns(row) for row in tail if row["trial_returns"]]
     return {
         "commit": rows[-1]["commit"][:7],
         "env_steps": rows[-1]["env_steps"],
@@ -56,7 +56,7 @@ def collect(task: str, algo: str, runs: Sequence[tuple[str, Path]], last: int) -
         if not path.exists():
             raise SystemExit(f"{path} does not exist: give --runs LABEL=CSV with the path of a learning-suite CSV")
         by_seed: dict[int, list[Row]] = {}
-        for row in CurveStore(path, FIELDS, FIELD_DEFAULTS).read():
+        for row in curve_store(path).read():
             if row["task"] == task and row["algo"] == algo:
                 by_seed.setdefault(row["seed"], []).append(row)
         found += [

@@ -56,7 +56,8 @@ def test_run_table_summarises_each_run_and_each_label_over_its_finished_runs(tmp
     assert x["trial_rise"] == pytest.approx([0.75, 0.75])  # 2.5 - 1.0 and 2.0 - 2.0
     assert [s["label"] for s in payload["per_label"]] == ["x"], "a label with no finished run has no summary"
     report = (tmp_path / "t.md").read_text()
-    assert "60 (unfinished)" not in report and "10 (unfinished)" in report
+    assert "| x | 0 | abcdef1 | 30 | 0.600 |" in report, "a finished run is not marked unfinished"
+    assert "| y | 0 | abcdef1 | 10 (unfinished) |" in report
 
 
 def test_run_table_names_the_fix_for_a_bad_runs_argument(tmp_path: Path) -> None:

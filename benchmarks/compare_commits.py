@@ -9,6 +9,7 @@ of the per-round ratios are reported, with the load average beside every figure.
     python benchmarks/compare_commits.py --base b580c91 --threads 2 --rounds 5
     python benchmarks/compare_commits.py --base HEAD~3 --lengths 64 --rounds 3 --updates 10
     python benchmarks/compare_commits.py --base HEAD~1 --precision bf16 --name compare_commits_bf16
+    python benchmarks/compare_commits.py --base b580c91 --precision bf16 --base-precision fp32   # bf16 against an fp32 base
 
 Results: ``benchmarks/results/compare_commits.json`` / ``.md`` (``--name`` changes the file name).
 """
@@ -56,10 +57,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=20, help="timed updates per measurement")
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: both sides under bf16 autocast")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: the working tree under bf16 autocast")
+    parser.add_argument(
+        "--base-precision", choices=["fp32", "bf16"], default=None, help="the base's precision (default: --precision)"
+    )
     parser.add_argument("--name", default="compare_commits")
     args = parser.parse_args()
     base_commit = short_commit(args.base)
+    precision = {"base": args.base_precision or args.precision, "new": args.precision}
     figures: dict[str, dict] = {}
     with git_worktree(base_commit) as base_tree:
         for length in args.lengths:
@@ -68,7 +73,7 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for side, tree in (("base", base_tree), ("new", REPO)):
                     loads.append(load_average())
-                    sides[side].append(measure(tree, args.threads, length, args.updates, args.precision))
+                    sides[side].append(measure(tree, args.threads, length, args.updates, precision[side]))
                     print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
             ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
             figures[f"speedup_L{length}"] = {
@@ -86,7 +91,8 @@ def main() -> None:
         "threads": args.threads,
         "rounds": args.rounds,
         "updates_per_measurement": args.updates,
-        "precision": args.precision,
+        "precision": precision["new"],
+        "base_precision": precision["base"],
     }
     write_results(args.name, config, figures, RESULTS_DIR)
 

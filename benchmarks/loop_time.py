@@ -1,5 +1,6 @@
 """Training seconds per 1,000 env steps of a learning-suite run (the task's zoo entry, as
-``learning.py`` runs it), sequential and with collection beside training (``overlap_collection``).
+``learning.py`` runs it), sequential and with collection beside training (``overlap_collection``),
+or under bf16 autocast (``mixed_precision``; ``--sides``).
 
 With ``--base REV``, a git worktree of that revision is measured too, sequential, with its own
 code and zoo entry: how much faster the suite's runs have become. Each measurement runs in a
@@ -14,6 +15,7 @@ machine's cores takes more of them, which would flatter the overlapped side.
     python benchmarks/loop_time.py --task PositionOnlyCartPoleEasy --env-steps 2000 --rounds 3
     python benchmarks/loop_time.py --device cuda --threads 4          # the update on a GPU
     python benchmarks/loop_time.py --base b580c91                      # also an older version, sequential
+    python benchmarks/loop_time.py --sides sequential bf16 --base b580c91   # bf16 against fp32, and the base
 
 Results: ``benchmarks/results/loop_time_<task>.json`` / ``.md``.
 """
@@ -41,13 +43,21 @@ sys.path.append(sys.argv[1])
 from loop_time import seconds_per_1000
 print(*seconds_per_1000(**json.loads(sys.argv[2])))
 """
+#: What each measured setting adds to the entry's arguments (a base gets none: it may predate them).
+SIDE_KWARGS: dict[str, dict[str, Any]] = {
+    "sequential": {},
+    "overlap": {"overlap_collection": True},
+    "bf16": {"mixed_precision": True},
+}
 
 
-def seconds_per_1000(task: str, env_steps: int, overlap: bool, threads: int, seed: int, device: str) -> tuple[float, float]:
+def seconds_per_1000(
+    task: str, env_steps: int, extra_kwargs: dict[str, Any], threads: int, seed: int, device: str
+) -> tuple[float, float]:
     """Training seconds per 1,000 env steps of ``task``'s AMAGO entry (``learning.py``'s, from the
-    ``learning`` module on the path), measured in this process, and the share of them spent in
-    ``train`` calls (sequential: the update rounds, the rest being collection; overlapped:
-    finishing and starting rounds)."""
+    ``learning`` module on the path) with ``extra_kwargs`` added, measured in this process, and the
+    share of them spent in ``train`` calls (sequential: the update rounds, the rest being
+    collection; overlapped: finishing and starting rounds)."""
     import torch as th
     from learning import TASKS, make_envs, run_settings
 
@@ -55,8 +65,7 @@ def seconds_per_1000(task: str, env_steps: int, overlap: bool, threads: int, see
     entry = TASKS[task]
     settings = run_settings(entry, "amago", entry.budget)
     env = make_envs(entry, settings, settings.n_envs, seed, training=True)
-    kwargs = {**settings.kwargs, **({"overlap_collection": True} if overlap else {})}  # a base may predate the option
-    model = settings.algo_class(env=env, seed=seed, device=device, verbose=0, **kwargs)
+    model = settings.algo_class(env=env, seed=seed, device=device, verbose=0, **settings.kwargs, **extra_kwargs)
     model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
     elapsed, train_share = timed_learn(model, env_steps)
     env.close()
@@ -89,9 +98,9 @@ def timed_learn(model: "OffPolicyAlgorithm", env_steps: int) -> tuple[float, flo
     return elapsed, in_train / elapsed
 
 
-def measure(tree: Path, overlap: bool, args: argparse.Namespace) -> tuple[float, float]:
+def measure(tree: Path, extra_kwargs: dict[str, Any], args: argparse.Namespace) -> tuple[float, float]:
     """:func:`seconds_per_1000` of the package in ``tree``, in a fresh process."""
-    settings = {"task": args.task, "env_steps": args.env_steps, "overlap": overlap}
+    settings = {"task": args.task, "env_steps": args.env_steps, "extra_kwargs": extra_kwargs}
     settings.update(threads=args.threads, seed=args.seed, device=args.device)
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, str(HERE), json.dumps(settings)],
@@ -115,6 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="torch device of the model (the envs step on the CPU)")
+    parser.add_argument("--sides", nargs="+", choices=list(SIDE_KWARGS), default=["sequential", "overlap"])
     parser.add_argument("--base", help="also measure this git revision, sequential (its code and its zoo entry)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
@@ -125,13 +135,13 @@ def main() -> None:
     train_shares: dict[str, list[float]] = {}
     loads: list[float] = []
     with contextlib.ExitStack() as stack:
-        sides = {"sequential": (HERE.parent, False), "overlap": (HERE.parent, True)}
+        sides = {name: (HERE.parent, SIDE_KWARGS[name]) for name in args.sides}
         if args.base:
-            sides = {"base": (stack.enter_context(git_worktree(args.base)), False), **sides}
+            sides = {"base": (stack.enter_context(git_worktree(args.base)), {}), **sides}
         for round_ in range(args.rounds):
-            for name, (tree, overlap) in sides.items():
+            for name, (tree, extra_kwargs) in sides.items():
                 loads.append(os.getloadavg()[0])
-                seconds, train_share = measure(tree, overlap, args)
+                seconds, train_share = measure(tree, extra_kwargs, args)
                 runs.setdefault(name, []).append(seconds)
                 train_shares.setdefault(name, []).append(train_share)
                 print(
@@ -148,9 +158,14 @@ def main() -> None:
         }
         for name, values in runs.items()
     }
-    pairs = [("overlap_speedup", "sequential", "overlap"), ("speedup_over_base", "base", "sequential")]
+    pairs = [
+        ("overlap_speedup", "sequential", "overlap"),
+        ("bf16_speedup", "sequential", "bf16"),
+        ("speedup_over_base", "base", "sequential"),
+        ("bf16_speedup_over_base", "base", "bf16"),
+    ]
     for figure, slow, fast in pairs:
-        if slow in runs:
+        if slow in runs and fast in runs:
             figures[figure] = {
                 "value": statistics.median(s / f for s, f in zip(runs[slow], runs[fast])),
                 "unit": f"x (median of per-round {slow} / {fast})",
@@ -164,6 +179,7 @@ def main() -> None:
         "seed": args.seed,
         "device": args.device,
         "base": short_commit(args.base) if args.base else None,
+        "sides": args.sides,
     }
     write_results(f"loop_time_{args.task}", config, figures, args.out_dir)
 

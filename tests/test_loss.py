@@ -195,6 +195,33 @@ def test_td_target_comes_from_the_target_heads(action_space: str) -> None:
     assert (target() - after_critics).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("action_space", ["discrete", "box"])
+def test_mixed_precision_keeps_the_loss_in_full_precision(action_space: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under bf16 autocast the heads' products run in bf16, but their outputs, the TD target, its
+    discounts and PopArt's statistics are fp32: bf16 would round the discount 0.999 to 1 (and
+    0.9995 too), so the long horizons' targets would not be discounted at all."""
+    model = filled_model(PrevRewardWrapper(CountingEnv(action_space=ACTION_SPACES[action_space])), steps=24)
+    policy = model.policy
+    gammas = policy.gamma_values
+    assert (gammas.bfloat16().float() == 1.0).any()  # the defaults hold discounts that bf16 rounds to 1
+    seen: dict[str, th.Tensor] = {}
+
+    def recording_td_target(q_next, reward, terminated, gammas, cfg, real_next=None):  # type: ignore[no-untyped-def]
+        seen["q_next"], seen["gammas"] = q_next, gammas
+        return td_target(q_next, reward, terminated, gammas, cfg, real_next)
+
+    monkeypatch.setattr("sb3_amago.loss.td_target", recording_td_target)
+    batch = model.replay_buffer.sample(4)
+    with th.autocast("cpu", dtype=th.bfloat16):
+        states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
+        target = target_values(policy, batch, states, LossConfig())
+        actor_out = policy.actor(states)
+    assert states.dtype == th.bfloat16  # the encoder does run in bf16
+    assert seen["q_next"].dtype == target.dtype == th.float32
+    assert th.equal(seen["gammas"], gammas)
+    assert all(t.dtype == th.float32 for t in actor_out)  # probabilities / (mean, log_std)
+
+
 def test_popart_statistics_move_in_the_training_step_not_in_the_loss() -> None:
     """amago_loss leaves PopArt's statistics as they are; AMAGO.train updates them with the batch's TD target."""
     model = filled_model(PrevRewardWrapper(CountingEnv()), steps=24)

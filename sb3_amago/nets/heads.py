@@ -26,6 +26,15 @@ def gamma_features(gammas: th.Tensor) -> th.Tensor:
     return symlog(1.0 / (1.0 - gammas)).unsqueeze(-1)
 
 
+def full_precision(out: th.Tensor, net: nn.Sequential) -> th.Tensor:
+    """``out`` in the dtype of ``net``'s parameters. Under mixed precision a head's products run in
+    bf16; what the loss computes from its outputs (softmax, PopArt, TD targets, their sums) runs in
+    full precision, where bf16's 8-bit mantissa would round a discount of 0.999 to 1."""
+    weight = net[-1].weight
+    assert isinstance(weight, th.Tensor)
+    return out.to(weight.dtype)
+
+
 class EnsembleLinear(nn.Module):
     """``C`` independent linear layers applied in one batched matmul: ``(C, N, i) -> (C, N, o)``."""
 
@@ -65,7 +74,9 @@ class ActorHead(nn.Module):
         self.net = mlp(state_dim, hidden, n_gammas * action_type.actor_output_dim)
 
     def forward(self, state: th.Tensor) -> Any:
-        raw = self.net(state).view(*state.shape[:-1], self.n_gammas, self.action_type.actor_output_dim)
+        raw = full_precision(self.net(state), self.net).view(
+            *state.shape[:-1], self.n_gammas, self.action_type.actor_output_dim
+        )
         return self.action_type.actor_output(raw)
 
 
@@ -103,7 +114,7 @@ class EveryActionCritics(CriticEnsemble):
     def forward(self, state: th.Tensor) -> th.Tensor:
         lead = state.shape[:-1]
         x = state.reshape(1, -1, state.shape[-1]).expand(self.n_critics, -1, -1)
-        out = self.net(x).view(self.n_critics, *lead, self.n_gammas, self.encoded_dim)
+        out = full_precision(self.net(x), self.net).view(self.n_critics, *lead, self.n_gammas, self.encoded_dim)
         return out.movedim(0, -3)  # (..., C, G, n)
 
 
@@ -129,5 +140,6 @@ class ActionInputCritics(CriticEnsemble):
         per_gamma = th.cat([gfeat, action], dim=-1).reshape(1, -1, 1 + self.encoded_dim)  # (1, N * G, 1 + A)
         per_gamma = th.bmm(per_gamma.expand(self.n_critics, -1, -1), first.weight[:, d_state:])  # (C, N * G, H)
         hidden = per_step.unsqueeze(2) + per_gamma.view(self.n_critics, -1, self.n_gammas, per_gamma.shape[-1])
-        out = rest(hidden.view(self.n_critics, -1, hidden.shape[-1])).view(self.n_critics, *lead, self.n_gammas)
+        out = rest(hidden.view(self.n_critics, -1, hidden.shape[-1]))
+        out = full_precision(out, self.net).view(self.n_critics, *lead, self.n_gammas)
         return out.movedim(0, -2)  # (..., C, G)

@@ -144,7 +144,10 @@ AMAGO_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "amago_gru": ("AMAGO (GRU encoder)", {"policy_kwargs": {"traj_encoder": "gru", "traj_encoder_kwargs": {}}}),
     "amago_ff": ("AMAGO (feed-forward encoder)", {"policy_kwargs": {"traj_encoder": "ff", "traj_encoder_kwargs": {}}}),
     "amago_no_relabel": ("AMAGO (no relabeling)", {"relabeler": HindsightInstructionRelabeler(strategy="none")}),
+    "amago_bf16": ("AMAGO (bf16 autocast)", {"mixed_precision": True}),
 }
+#: Variants that every task runs when ``--algos`` names them, and none runs by default.
+ON_REQUEST = ("amago_bf16",)
 #: Every algorithm name a task can list.
 ALGO_CHOICES = (*ALGOS, *(name for name in AMAGO_VARIANTS if name not in ALGOS))
 #: The memory-model ablation: the compared algorithms and AMAGO with GRU and feed-forward encoders.
@@ -313,6 +316,11 @@ class RunSettings:
     flatten: bool
     kwargs: dict[str, Any]
     env_wrapper: Callable[[gym.Env], gym.Env] | None = None
+
+
+def runs_algo(task: Task, algo: str) -> bool:
+    """Whether ``task`` runs ``algo`` when it is asked for: its own algorithms, and the :data:`ON_REQUEST` variants."""
+    return algo in task.algos or algo in ON_REQUEST
 
 
 def run_settings(task: Task, algo: str, budget: int, amago_file: Path = HYPERPARAMS_FILE) -> RunSettings:
@@ -545,7 +553,7 @@ class Config:
             RunKey(task.name, algo, seed, self.budgets[task.name])
             for task in self.tasks
             for algo in self.algos
-            if algo in task.algos
+            if runs_algo(task, algo)
             for seed in self.seeds
         ]
 
@@ -560,7 +568,11 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         "--tasks", nargs="+", choices=list(TASKS), help=f"tasks (default: all; quick: {' '.join(QUICK['tasks'])})"
     )
     parser.add_argument(
-        "--algos", nargs="+", choices=list(ALGO_CHOICES), default=list(ALGO_CHOICES), help="(default: every task's own)"
+        "--algos",
+        nargs="+",
+        choices=list(ALGO_CHOICES),
+        default=[algo for algo in ALGO_CHOICES if algo not in ON_REQUEST],
+        help=f"(default: every task's own; {', '.join(ON_REQUEST)} on request, on any task)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", help="seeds (default 0 1 2; quick 0 1)")
     parser.add_argument("--budget", type=int, help="env steps per run for every task (default: per task; quick 12,000)")
@@ -643,7 +655,7 @@ def summarize(rows: Sequence[Row], config: Config) -> list[Summary]:
     finished = {run_key(row) for row in rows if row["final"]}
     summaries = []
     for task in config.tasks:
-        for algo in (algo for algo in config.algos if algo in task.algos):
+        for algo in (algo for algo in config.algos if runs_algo(task, algo)):
             keys = [key for key in sorted(runs) if key in finished and (key.task, key.algo) == (task.name, algo)]
             if not keys:
                 continue
@@ -736,7 +748,7 @@ def hyperparameter_sources(config: Config) -> dict[str, dict[str, dict[str, Any]
     """``{task: {algo: class, source entry, n_envs, VecNormalize, keyword arguments}}`` as run."""
     sources: dict[str, dict[str, dict[str, Any]]] = {}
     for task in config.tasks:
-        for algo in (algo for algo in config.algos if algo in task.algos):
+        for algo in (algo for algo in config.algos if runs_algo(task, algo)):
             settings = run_settings(task, algo, config.budgets[task.name])
             sources.setdefault(task.name, {})[algo] = {
                 "class": settings.algo_class.__name__,

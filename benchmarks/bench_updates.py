@@ -10,7 +10,12 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
   the update's matrix work costs at its own shapes on this machine (the attainable rate, the
   update's FLOPs over that time); its share of an update's time is the roofline share, and the rest
   is time outside matrix products (elementwise ops, the optimizer, Python). The machine's peak, a
-  2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions.
+  2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions; where
+  it has them, the update under bf16 autocast gets its own roofline.
+- **Overhead floor.** The same update with every width 8 (``d_model``, ``d_ff``, the heads' and the
+  timestep encoder's hidden layers; one attention head): the same operators, one by one, on almost
+  no data. Its time is what Python, autograd and the dispatcher cost per update; the time outside
+  matrix products less this floor is the update's elementwise work.
 - Updates per second at L = 64 with 2-dimensional Box actions in place of Discrete(4) (their
   critics take the action as input, so they run once per discount factor: the costly case).
 - Env steps per second while collecting with 16 envs and the key/value cache, per-step acting
@@ -23,6 +28,7 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
 """
 
 import argparse
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,9 +98,28 @@ class LongEpisodeEnv(gym.Env):
         return self.observation_space.sample(), float(self.np_random.random() < 0.1), False, self.t >= 2_000, {}
 
 
+#: The reference model's widths.
+REFERENCE_POLICY = {"traj_encoder_kwargs": {"d_model": 128, "n_heads": 8, "d_ff": 512, "n_layers": 3}, "d_embed": 128}
+#: The overhead floor's: the reference's layers and operators, every width 8.
+FLOOR_POLICY = {
+    "traj_encoder_kwargs": {"d_model": 8, "n_heads": 1, "d_ff": 8, "n_layers": 3},
+    "d_embed": 8,
+    "actor_hidden": (8, 8),
+    "critic_hidden": (8, 8),
+    "timestep_encoder_kwargs": {"hidden_sizes": (8, 8)},
+}
+
+
 def make_model(
-    n_envs: int, max_seq_len: int, buffer_size: int, device: str = "cpu", compile_model: bool = False, continuous: bool = False
+    n_envs: int,
+    max_seq_len: int,
+    buffer_size: int,
+    device: str = "cpu",
+    compile_model: bool = False,
+    continuous: bool = False,
+    policy_kwargs: dict[str, Any] | None = None,
 ) -> AMAGO:
+    """The reference model (``policy_kwargs``: other widths)."""
     env = make_vec_env(LongEpisodeEnv, n_envs=n_envs, seed=0, env_kwargs={"continuous": continuous})
     return AMAGO(
         "TransformerPolicy",
@@ -107,15 +132,21 @@ def make_model(
         seed=0,
         device=device,
         compile_model=compile_model,
-        policy_kwargs={"traj_encoder_kwargs": {"d_model": 128, "n_heads": 8, "d_ff": 512, "n_layers": 3}, "d_embed": 128},
+        policy_kwargs=copy.deepcopy(policy_kwargs or REFERENCE_POLICY),
     )
 
 
 def trained_model(
-    max_seq_len: int, mixed_precision: bool = False, device: str = "cpu", compile_model: bool = False, continuous: bool = False
+    max_seq_len: int,
+    mixed_precision: bool = False,
+    device: str = "cpu",
+    compile_model: bool = False,
+    continuous: bool = False,
+    policy_kwargs: dict[str, Any] | None = None,
 ) -> AMAGO:
-    """The reference model with a replay of full windows, after 3 warm-up updates (and compilation)."""
-    model = make_model(4, max_seq_len, 50_000, device, compile_model, continuous)
+    """The reference model (``policy_kwargs``: other widths) with a replay of full windows, after 3
+    warm-up updates (and compilation)."""
+    model = make_model(4, max_seq_len, 50_000, device, compile_model, continuous, policy_kwargs)
     model.mixed_precision = mixed_precision
     model.learn(4 * (max_seq_len + 64))
     model.train(gradient_steps=3, batch_size=8)
@@ -215,10 +246,29 @@ def cpu_has_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
-def roofline(max_seq_len: int, n_updates: int) -> dict[str, float]:
-    """The update's matrix-product FLOPs, their replay time at the update's shapes, and the share of
-    an update's time that replay accounts for (see the module docstring)."""
-    model = trained_model(max_seq_len)
+class OperatorCounter(TorchDispatchMode):
+    """Counts the operators that run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operators_per_update(model: AMAGO) -> int:
+    counter = OperatorCounter()
+    with counter:
+        model.train(gradient_steps=1, batch_size=8)
+    return counter.calls
+
+
+def roofline(max_seq_len: int, n_updates: int, mixed_precision: bool = False) -> dict[str, float]:
+    """The update's matrix-product FLOPs, their replay time at the update's shapes, the share of an
+    update's time that replay accounts for, and the overhead floor (see the module docstring)."""
+    model = trained_model(max_seq_len, mixed_precision)
     recorder = MatrixOpRecorder()
     counter = FlopCounterMode(display=False)
     with recorder, counter:
@@ -226,10 +276,16 @@ def roofline(max_seq_len: int, n_updates: int) -> dict[str, float]:
     update_s = _timed(lambda: model.train(gradient_steps=n_updates, batch_size=8)) / n_updates
     matrix_s = replay_seconds(recorder.calls, repeats=5)
     flops = float(counter.get_total_flops())
+    floor = trained_model(max_seq_len, mixed_precision, policy_kwargs=FLOOR_POLICY)
+    floor_s = _timed(lambda: floor.train(gradient_steps=n_updates, batch_size=8)) / n_updates
     return {
         "update_ms": 1e3 * update_s,
         "matrix_ms": 1e3 * matrix_s,
         "matrix_share": matrix_s / update_s,
+        "overhead_floor_ms": 1e3 * floor_s,
+        "elementwise_ms": 1e3 * (update_s - matrix_s - floor_s),
+        "operators_per_update": operators_per_update(model),
+        "floor_operators_per_update": operators_per_update(floor),
         "gflop_per_update": flops / 1e9,
         "attainable_gflops_at_update_shapes": flops / matrix_s / 1e9,
         "achieved_gflops": flops / update_s / 1e9,
@@ -291,9 +347,11 @@ def main() -> None:
         bf16 = updates_per_second(length, n, mixed_precision=True)
         figures[f"updates_per_s_L{length}_bf16_autocast"] = {"value": bf16, "unit": "updates/s", "ratio_vs_fp32": bf16 / ups}
         print(f"L={length} bf16 autocast: {bf16:.2f} updates/s")
-        roof = roofline(length, n)
-        figures[f"roofline_share_L{length}"] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}
-        print(f"L={length} roofline: {figures[f'roofline_share_L{length}']}")
+        for mixed_precision in (False, True) if cpu_has_bf16() else (False,):
+            name = f"roofline_share_L{length}" + ("_bf16_autocast" if mixed_precision else "")
+            roof = roofline(length, n, mixed_precision)
+            figures[name] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}
+            print(f"{name}: {figures[name]}")
     box = updates_per_second(64, max(1, n // 4), continuous=True)
     figures["updates_per_s_L64_box"] = {"value": box, "unit": "updates/s", "actions": "Box(-1, 1, (2,))"}
     print(f"L=64 Box actions: {box:.2f} updates/s")

@@ -57,7 +57,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=20, help="timed updates per measurement")
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: the working tree under bf16 autocast")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: the working tree under bf16 autocast"
+    )
     parser.add_argument(
         "--base-precision", choices=["fp32", "bf16"], default=None, help="the base's precision (default: --precision)"
     )

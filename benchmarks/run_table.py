@@ -49,22 +49,23 @@ def summarise_run(rows: Sequence[Row], last: int) -> dict:
     }
 
 
-def collect(task: str, algo: str, runs: Sequence[tuple[str, Path]], last: int) -> list[dict]:
-    """Every run of ``task`` / ``algo`` in each labelled CSV, summarised (see :func:`summarise_run`)."""
+def collect(task: str, algos: Sequence[str], runs: Sequence[tuple[str, Path]], last: int) -> list[dict]:
+    """Every run of ``task`` by one of ``algos`` (e.g. ``amago`` and ``amago_bf16``, from two CSVs)
+    in each labelled CSV, summarised (see :func:`summarise_run`)."""
     found = []
     for label, path in runs:
         if not path.exists():
             raise SystemExit(f"{path} does not exist: give --runs LABEL=CSV with the path of a learning-suite CSV")
-        by_seed: dict[int, list[Row]] = {}
+        by_run: dict[tuple[str, int], list[Row]] = {}
         for row in curve_store(path).read():
-            if row["task"] == task and row["algo"] == algo:
-                by_seed.setdefault(row["seed"], []).append(row)
+            if row["task"] == task and row["algo"] in algos:
+                by_run.setdefault((row["algo"], row["seed"]), []).append(row)
         found += [
-            {"label": label, "csv": str(path), "seed": seed, **summarise_run(rows, last)}
-            for seed, rows in sorted(by_seed.items())
+            {"label": label, "csv": str(path), "algo": algo, "seed": seed, **summarise_run(rows, last)}
+            for (algo, seed), rows in sorted(by_run.items())
         ]
     if not found:
-        raise SystemExit(f"no rows of task {task!r} and algo {algo!r} in the CSVs given")
+        raise SystemExit(f"no rows of task {task!r} and algos {list(algos)} in the CSVs given")
     return found
 
 
@@ -119,7 +120,7 @@ def report_lines(task: str, found: Sequence[dict], summary: Sequence[dict], last
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", required=True)
-    parser.add_argument("--algo", default="amago")
+    parser.add_argument("--algo", nargs="+", default=["amago"], help="the rows' algorithms (any of them)")
     parser.add_argument("--runs", nargs="+", required=True, metavar="LABEL=CSV")
     parser.add_argument("--last", type=int, default=5, help="evaluations averaged at the end of a run")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)

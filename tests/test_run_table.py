@@ -65,3 +65,17 @@ def test_run_table_names_the_fix_for_a_bad_runs_argument(tmp_path: Path) -> None
         main(["--task", "DarkKeyToDoor5", "--runs", str(tmp_path / "a.csv")])
     with pytest.raises(SystemExit, match="does not exist"):
         main(["--task", "DarkKeyToDoor5", "--runs", f"x={tmp_path / 'a.csv'}"])
+
+
+def test_run_table_reads_every_algorithm_asked_for_as_separate_runs(tmp_path: Path) -> None:
+    """``--algo amago amago_bf16``: a variant's rows count, each (algorithm, seed) a run of its own."""
+    a = tmp_path / "a.csv"
+    write_run(a, 0, [0.1, 0.3], [[0, 0], [0, 0]])
+    write_run(a, 0, [0.5, 0.7], [[0, 0], [0, 0]], algo="amago_bf16")
+    write_run(a, 0, [0.9, 0.9], [[0, 0], [0, 0]], algo="ppo_lstm")
+    args = ["--task", "DarkKeyToDoor5", "--runs", f"x={a}", "--out-dir", str(tmp_path), "--name", "t"]
+    main([*args, "--algo", "amago", "amago_bf16"])
+    payload = json.loads((tmp_path / "t.json").read_text())
+    assert {run["algo"]: run["final"] for run in payload["runs"]} == pytest.approx({"amago": 0.3, "amago_bf16": 0.7})
+    with pytest.raises(SystemExit, match="no rows of task"):
+        main([*args, "--algo", "amago_gru"])

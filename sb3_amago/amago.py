@@ -48,6 +48,7 @@ from sb3_amago.interrupt import sigterm_raises_interrupt
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, amago_loss, behaviour_cloning_loss, target_values
 from sb3_amago.overlap import OverlappedRound, frozen_statistics
 from sb3_amago.policies import AmagoState, TransformerPolicy
+from sb3_amago.precision import warn_if_bf16_is_emulated
 from sb3_amago.relabel import visible_space
 from sb3_amago.wrappers import FlatDictObservation, VecFlatDictObservation, is_structured
 
@@ -472,6 +473,8 @@ class AMAGO(OffPolicyAlgorithm):
         round that ran beside the last collection is finished first and this one starts in a worker
         thread, with ``self.policy`` the acting copy until it ends (see :mod:`sb3_amago.overlap`)."""
         self._finish_overlapped_round()
+        if self.mixed_precision:
+            warn_if_bf16_is_emulated(self.device)
         self._update_learning_rate(self.policy.optimizer)
         lr = self.lr_schedule(self._current_progress_remaining)
         if self._overlapping:

@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import inspect
 import pickle
+import warnings
 import zipfile
 
 import gymnasium as gym
@@ -1011,3 +1012,18 @@ def test_own_exploration_is_used_saved_and_resumed(tmp_path) -> None:
     loaded = AMAGO.load(tmp_path / "default", exploration_steps=50, rollout_exploration_horizon=7)
     assert isinstance(loaded.exploration, BiLevelSchedule)
     assert (loaded.exploration.steps, loaded.exploration.horizon) == (50, 7)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_mixed_precision_warns_on_a_cpu_without_bf16_instructions(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without AVX-512 BF16 or AMX, torch converts bf16 products in software (several times slower
+    than fp32): training with mixed_precision says so and names the fix; with them it stays quiet."""
+    monkeypatch.setattr("sb3_amago.precision.cpu_has_native_bf16", lambda: native)
+    model = tiny_model(PrevRewardWrapper(CountingEnv()), learning_starts=8, train_freq=8, mixed_precision=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(16)
+    messages = [str(w.message) for w in caught if "bf16 matrix instructions" in str(w.message)]
+    assert model._n_updates > 0
+    assert bool(messages) != native
+    assert all("Set mixed_precision=False" in m for m in messages)

@@ -1,0 +1,86 @@
+"""What bf16 autocast costs on CPUs without bf16 matrix instructions, measured on one that has them.
+
+The reference update (``bench_updates.updates_per_second``: batch 8, d_model 128, 3 layers, L = 64)
+runs in fresh processes: in fp32, and under bf16 autocast with oneDNN, which runs torch's bf16
+matrix products on the CPU, free to use every instruction set, held to AVX-512 without BF16 (as on
+a Skylake or Cascade Lake Xeon) and held to AVX2 (as on most AMD Zen 2/3 and older Intel cores)
+through ``ONEDNN_MAX_CPU_ISA``. The settings alternate, ``--rounds`` times; the medians and each
+setting's ratio to fp32 are reported. Run it on a CPU with AMX or AVX-512 BF16 (elsewhere the cap
+changes nothing). This is why ``AMAGO`` warns when ``mixed_precision`` meets a CPU without them.
+
+    python benchmarks/bf16_isa.py --threads 2 --rounds 3
+
+Results: ``benchmarks/results/bf16_isa.json`` / ``.md``.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from common import RESULTS_DIR, write_results
+
+HERE = Path(__file__).resolve().parent
+MEASURE = """
+import sys, torch as th
+th.set_num_threads(int(sys.argv[1]))
+from bench_updates import updates_per_second
+print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16"))
+"""
+#: Setting -> (precision, oneDNN's instruction-set cap or None for none).
+SETTINGS = {
+    "fp32": ("fp32", None),
+    "bf16_native": ("bf16", None),
+    "bf16_avx512_without_bf16": ("bf16", "AVX512_CORE"),
+    "bf16_avx2": ("bf16", "AVX2"),
+}
+
+
+def measure(setting: str, threads: int, length: int, updates: int) -> float:
+    """Updates/s of the reference model under ``setting``, in a fresh process."""
+    precision, isa = SETTINGS[setting]
+    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
+    if isa is not None:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    command = [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision]
+    out = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--updates", type=int, default=10, help="timed updates per measurement")
+    args = parser.parse_args()
+    runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    loads: list[float] = []
+    for round_ in range(args.rounds):
+        for name in SETTINGS:
+            loads.append(os.getloadavg()[0])
+            runs[name].append(measure(name, args.threads, args.length, args.updates))
+            print(f"round {round_ + 1} {name}: {runs[name][-1]:.2f} updates/s (load {loads[-1]:.2f})", flush=True)
+    fp32 = statistics.median(runs["fp32"])
+    figures = {
+        f"updates_per_s_{name}": {
+            "value": statistics.median(values),
+            "unit": "updates/s (median)",
+            "ratio_to_fp32": statistics.median(values) / fp32,
+            "runs": [round(v, 3) for v in values],
+        }
+        for name, values in runs.items()
+    }
+    figures["load_average"] = {
+        "value": max(loads),
+        "unit": "highest 1-minute load average",
+        "range": f"{min(loads):.2f}-{max(loads):.2f}",
+    }
+    config = {"length": args.length, "batch_size": 8, "threads": args.threads, "rounds": args.rounds, "updates": args.updates}
+    write_results("bf16_isa", config, figures, RESULTS_DIR)
+
+
+if __name__ == "__main__":
+    main()

@@ -13,9 +13,11 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
   2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions; where
   it has them, the update under bf16 autocast gets its own roofline.
 - **Overhead floor.** The same update with every width 8 (``d_model``, ``d_ff``, the heads' and the
-  timestep encoder's hidden layers; one attention head): the same operators, one by one, on almost
-  no data. Its time is what Python, autograd and the dispatcher cost per update; the time outside
-  matrix products less this floor is the update's elementwise work.
+  timestep encoder's hidden layers; one attention head): the same operators, one by one, on the
+  same batch and window. Its time is what no narrower network would save: Python, autograd and the
+  dispatcher, about 4 microseconds an operator, and the work on tensors whose size the widths do not
+  set (the loss's batch x window x critics x gammas x actions values, the masks). The time outside
+  matrix products less this floor is the elementwise work that scales with the widths.
 - Updates per second at L = 64 with 2-dimensional Box actions in place of Discrete(4) (their
   critics take the action as input, so they run once per discount factor: the costly case).
 - Env steps per second while collecting with 16 envs and the key/value cache, per-step acting

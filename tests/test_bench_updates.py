@@ -1,4 +1,4 @@
-"""benchmarks/bench_updates.py's overhead floor: the reference update's operators on almost no data."""
+"""benchmarks/bench_updates.py's overhead floor: the reference update's operators at width 8."""
 
 import sys
 from pathlib import Path

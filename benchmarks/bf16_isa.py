@@ -16,37 +16,17 @@ Results: ``benchmarks/results/bf16_isa.json`` / ``.md``.
 import argparse
 import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-from common import RESULTS_DIR, write_results
+from common import REPO, RESULTS_DIR, write_results
+from compare_commits import measure
 
-HERE = Path(__file__).resolve().parent
-MEASURE = """
-import sys, torch as th
-th.set_num_threads(int(sys.argv[1]))
-from bench_updates import updates_per_second
-print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16"))
-"""
-#: Setting -> (precision, oneDNN's instruction-set cap or None for none).
+#: Setting -> (precision, oneDNN's instruction-set cap; ALL: none).
 SETTINGS = {
-    "fp32": ("fp32", None),
-    "bf16_native": ("bf16", None),
+    "fp32": ("fp32", "ALL"),
+    "bf16_native": ("bf16", "ALL"),
     "bf16_avx512_without_bf16": ("bf16", "AVX512_CORE"),
     "bf16_avx2": ("bf16", "AVX2"),
 }
-
-
-def measure(setting: str, threads: int, length: int, updates: int) -> float:
-    """Updates/s of the reference model under ``setting``, in a fresh process."""
-    precision, isa = SETTINGS[setting]
-    env = {key: value for key, value in os.environ.items() if key != "ONEDNN_MAX_CPU_ISA"}
-    if isa is not None:
-        env["ONEDNN_MAX_CPU_ISA"] = isa
-    command = [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision]
-    out = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -59,9 +39,9 @@ def main() -> None:
     runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
     loads: list[float] = []
     for round_ in range(args.rounds):
-        for name in SETTINGS:
+        for name, (precision, isa) in SETTINGS.items():
             loads.append(os.getloadavg()[0])
-            runs[name].append(measure(name, args.threads, args.length, args.updates))
+            runs[name].append(measure(REPO, args.threads, args.length, args.updates, precision, {"ONEDNN_MAX_CPU_ISA": isa}))
             print(f"round {round_ + 1} {name}: {runs[name][-1]:.2f} updates/s (load {loads[-1]:.2f})", flush=True)
     fp32 = statistics.median(runs["fp32"])
     figures = {

@@ -31,10 +31,12 @@ print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys
 """
 
 
-def measure(tree: Path, threads: int, length: int, updates: int, precision: str = "fp32") -> float:
+def measure(
+    tree: Path, threads: int, length: int, updates: int, precision: str = "fp32", extra_env: dict[str, str] | None = None
+) -> float:
     """Updates/s of the package in ``tree``, in a fresh process that imports it from there
-    (``precision`` ``"bf16"``: under bf16 autocast)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    (``precision`` ``"bf16"``: under bf16 autocast; ``extra_env``: more environment variables)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), **(extra_env or {})}
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision],
         cwd=tree / "benchmarks",

@@ -164,7 +164,7 @@ def target_values(policy: TransformerPolicy, batch: TrajectoryBatch, states: th.
         s_next = states[:, 1:].detach()
         next_action = actions.policy_action(policy.actor_target(s_next))
         q_next = policy.popart.denormalize(actions.critic_values(policy.critics_target, s_next, next_action))  # (B, L, C, G)
-        gammas = policy.gamma_values.to(q_next.dtype)  # (G,), full precision (q_next is) under mixed precision
+        gammas = policy.gamma_values.to(q_next.dtype)  # (G,) in the heads' full precision, never bf16
         return td_target(q_next, batch.rewards[:, 1:], batch.terminated[:, 1:], gammas, cfg, batch.real[:, 1:])
 
 

@@ -47,6 +47,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from sb3_amago import AMAGO
+from sb3_amago.precision import cpu_has_native_bf16
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.
 MULTIGAMMAS = (
@@ -238,16 +239,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has bf16 matrix instructions (AVX-512 BF16 or AMX), as /proc/cpuinfo lists them."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            flags = next((line for line in file if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
-
-
 class OperatorCounter(TorchDispatchMode):
     """Counts the operators that run under it."""
 
@@ -337,7 +328,7 @@ def main() -> None:
         return
     n = 3 if args.quick else 20
     figures: dict[str, dict] = {}
-    for dtype in (th.float32, th.bfloat16) if cpu_has_bf16() else (th.float32,):
+    for dtype in (th.float32, th.bfloat16) if cpu_has_native_bf16() else (th.float32,):
         name = str(dtype).removeprefix("torch.")
         peak = peak_gemm_flops(dtype)
         figures[f"peak_gemm_{name}"] = {"value": peak / 1e9, "unit": "GFLOP/s", "size": "2048 x 2048 x 2048"}
@@ -349,7 +340,7 @@ def main() -> None:
         bf16 = updates_per_second(length, n, mixed_precision=True)
         figures[f"updates_per_s_L{length}_bf16_autocast"] = {"value": bf16, "unit": "updates/s", "ratio_vs_fp32": bf16 / ups}
         print(f"L={length} bf16 autocast: {bf16:.2f} updates/s")
-        for mixed_precision in (False, True) if cpu_has_bf16() else (False,):
+        for mixed_precision in (False, True) if cpu_has_native_bf16() else (False,):
             name = f"roofline_share_L{length}" + ("_bf16_autocast" if mixed_precision else "")
             roof = roofline(length, n, mixed_precision)
             figures[name] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}

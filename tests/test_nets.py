@@ -1,6 +1,7 @@
 """Tests of the networks: trajectory encoders (full forward vs cached stepping, padding, sliding
 window), sigma-reparameterisation, the timestep encoder, the action-input critics, dtypes and error messages."""
 
+import copy
 import math
 from typing import cast
 
@@ -158,6 +159,26 @@ def test_rotary_attention_sees_only_time_offsets() -> None:
     gap = encoder(x, th.tensor([[0, 1, 2, 3, 9]]), mask)
     th.testing.assert_close(gap[:, :4], start[:, :4], atol=1e-5, rtol=0)
     assert (gap[:, 4] - start[:, 4]).abs().max() > 1e-3
+
+
+def test_compiled_transformer_trains_on_windows_of_changing_length() -> None:
+    """``compile_model=True`` compiles the encoder with dynamic shapes; a batch whose window is shorter
+    than the first one's (the replay trims windows to their longest real rollout) runs forward and
+    backward, with the eager encoder's values and gradients (a copy taking the same power steps)."""
+    th.manual_seed(0)
+    encoder = TransformerTrajEncoder(D_IN, 12, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0)
+    eager = copy.deepcopy(encoder)
+    compiled = th.compile(encoder, dynamic=True)
+    for length in (12, 9):
+        x = th.randn(3, length, D_IN)
+        time_idx, real = th.arange(length).expand(3, length), th.ones(3, length, dtype=th.bool)
+        results = []
+        for net, params in ((compiled, encoder), (eager, eager)):
+            params.zero_grad()
+            out = net(x, time_idx, real)
+            out.square().sum().backward()
+            results.append((out.detach(), params.blocks[0].qkv.weight.grad))
+        th.testing.assert_close(results[0], results[1], atol=1e-4, rtol=1e-4)
 
 
 def test_rotary_rotation_by_hand() -> None:

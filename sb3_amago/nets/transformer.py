@@ -143,6 +143,11 @@ class TransformerBlock(nn.Module):
             q, k, v = qkv.unbind(0)
             return q, k, v
         q, k = apply_rotary(qkv[:2], rotary).unbind(0)  # queries and keys in one pass: half the operator calls
+        if th.compiler.is_compiling():
+            # Inductor lays the rotated queries and keys out in an order for which the CPU flash
+            # attention's compiled backward fixes a stride of the first window length: a batch of
+            # another length then fails an assertion. Contiguous ones it handles at any length.
+            q, k = q.contiguous(), k.contiguous()
         return q, k, qkv[2]
 
     def _finish(self, x: th.Tensor, attn: th.Tensor) -> th.Tensor:

@@ -12,6 +12,7 @@ the plain one printed beside it.
     python benchmarks/op_times.py --length 64 --threads 1
     python benchmarks/op_times.py --length 256 --threads 1 --updates 3
     python benchmarks/op_times.py --length 64 --threads 2 --name op_times_L64_2threads
+    python benchmarks/op_times.py --length 64 --threads 2 --precision bf16 --name op_times_L64_bf16
 
 Results: ``benchmarks/results/op_times_L<length>.json`` / ``.md`` (``--name`` changes the file name): the plain and timed update,
 the matrix products' share of operator time (the products ``bench_updates.MATRIX_OPS`` lists), and
@@ -62,10 +63,11 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64, help="window length L")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--updates", type=int, default=10, help="updates timed (plain, then under the timer)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: under bf16 autocast")
     parser.add_argument("--name", default=None, help="results file name (default: op_times_L<length>)")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
-    model = trained_model(args.length)
+    model = trained_model(args.length, mixed_precision=args.precision == "bf16")
     # The process's heap grows for about 20 updates (fresh pages fault in), then stays: time after that.
     model.train(gradient_steps=WARM_UP_UPDATES, batch_size=8)
     start = time.perf_counter()
@@ -112,6 +114,7 @@ def main() -> None:
         "max_seq_len": args.length,
         "batch_size": 8,
         "threads": args.threads,
+        "precision": args.precision,
         "updates": args.updates,
         "load_average": os.getloadavg()[0],
     }

@@ -9,7 +9,10 @@ scaled by ``1 / (1 - p_eff)``, so the layer's expected output equals its input e
 (``|p_eff - p| <= 2**-16``).
 
 Other devices keep ``torch.nn.functional.dropout`` (their generators are fast already). The masks
-come from torch's global generator, so ``torch.manual_seed`` makes them repeatable.
+come from torch's global generator, so ``torch.manual_seed`` makes them repeatable. Under
+``torch.compile`` the mask is drawn by the same function, wrapped as the custom operator
+``sb3_amago::keep_mask`` that the compiler keeps as one opaque call: inductor's own CPU dropout
+made a compiled encoder slower than the eager one (``benchmarks/results/update_costs_L64.md``).
 """
 
 import math
@@ -53,13 +56,27 @@ def keep_mask(shape: th.Size, p: float, dtype: th.dtype, device: th.device) -> t
     return mask.view(-1)[:n].view(shape).to(dtype)
 
 
+# Seeded randomness: the compiler neither merges two calls nor recomputes one for the backward.
+@th.library.custom_op("sb3_amago::keep_mask", mutates_args=(), tags=(th.Tag.nondeterministic_seeded,))
+def compiled_keep_mask(like: th.Tensor, p: float) -> th.Tensor:
+    """:func:`keep_mask` of ``like``'s shape, dtype and device, as one operator for ``torch.compile``."""
+    return keep_mask(like.shape, p, like.dtype, like.device)
+
+
+@compiled_keep_mask.register_fake
+def _(like: th.Tensor, p: float) -> th.Tensor:
+    return like.new_empty(like.shape)
+
+
 class FastDropout(nn.Dropout):
     """``nn.Dropout`` (same argument, same ``train`` / ``eval`` behaviour) with the cheaper CPU mask
-    of :func:`keep_mask`."""
+    of :func:`keep_mask`, compiled or not."""
 
     def forward(self, x: th.Tensor) -> th.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu" or self.p >= 1.0 or th.compiler.is_compiling():
+        if x.device.type != "cpu" or self.p >= 1.0:
             return F.dropout(x, self.p, True, self.inplace)
+        if th.compiler.is_compiling():
+            return x * compiled_keep_mask(x.detach(), self.p)
         return x * keep_mask(x.shape, self.p, x.dtype, x.device)

@@ -102,6 +102,9 @@ class LongEpisodeEnv(gym.Env):
 
 
 #: The reference model's widths.
+#: Updates a timing benchmark runs before it times (op_times.py, update_costs.py): past the heap's
+#: growth in the first updates of a process, and a compiled model's last recompiles.
+WARM_UP_UPDATES = 20
 REFERENCE_POLICY = {"traj_encoder_kwargs": {"d_model": 128, "n_heads": 8, "d_ff": 512, "n_layers": 3}, "d_embed": 128}
 #: The overhead floor's: the reference's layers and operators, every width 8.
 FLOOR_POLICY = {

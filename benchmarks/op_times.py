@@ -26,12 +26,9 @@ import time
 from typing import Any
 
 import torch as th
-from bench_updates import MATRIX_OPS, trained_model
+from bench_updates import MATRIX_OPS, WARM_UP_UPDATES, trained_model
 from common import write_results
 from torch.utils._python_dispatch import TorchDispatchMode
-
-#: Updates run before timing, past the heap's growth.
-WARM_UP_UPDATES = 20
 
 
 class OperatorTimer(TorchDispatchMode):

@@ -22,13 +22,10 @@ import time
 from typing import Any
 
 import torch as th
-from bench_updates import REFERENCE_POLICY, trained_model
+from bench_updates import REFERENCE_POLICY, WARM_UP_UPDATES, trained_model
 from common import write_results
 
 from sb3_amago import AMAGO
-
-#: Updates each model runs before timing (the heap's growth, compilation's last recompiles).
-WARM_UP_UPDATES = 15
 
 
 def encoder_change(**changes: Any) -> dict[str, Any]:

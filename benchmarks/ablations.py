@@ -91,6 +91,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "updates_x3": ("three updates per 8 env steps (gradient_steps 3)", {"gradient_steps": 3}, {}),
     "n_step_5": ("5-step TD targets inside the window (n_step 5)", {"n_step": 5}, {}),
     "bf16": ("bf16 autocast of the update (mixed_precision=True)", {"mixed_precision": True}, {}),
+    "compiled": ("the sequence model compiled (compile_model=True)", {"compile_model": True}, {}),
     "overlap": (
         "collection beside training: each update round in a worker thread (overlap_collection=True)",
         {"overlap_collection": True},

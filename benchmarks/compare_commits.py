@@ -10,6 +10,7 @@ of the per-round ratios are reported, with the load average beside every figure.
     python benchmarks/compare_commits.py --base HEAD~3 --lengths 64 --rounds 3 --updates 10
     python benchmarks/compare_commits.py --base HEAD~1 --precision bf16 --name compare_commits_bf16
     python benchmarks/compare_commits.py --base b580c91 --precision bf16 --base-precision fp32   # bf16 against an fp32 base
+    python benchmarks/compare_commits.py --base b580c91 --compile   # the working tree with compile_model=True
 
 Results: ``benchmarks/results/compare_commits.json`` / ``.md`` (``--name`` changes the file name).
 """
@@ -27,18 +28,25 @@ MEASURE = """
 import sys, torch as th
 th.set_num_threads(int(sys.argv[1]))
 from bench_updates import updates_per_second
-print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16"))
+print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16", compile_model=sys.argv[5] == "1"))
 """
 
 
 def measure(
-    tree: Path, threads: int, length: int, updates: int, precision: str = "fp32", extra_env: dict[str, str] | None = None
+    tree: Path,
+    threads: int,
+    length: int,
+    updates: int,
+    precision: str = "fp32",
+    extra_env: dict[str, str] | None = None,
+    compile_model: bool = False,
 ) -> float:
     """Updates/s of the package in ``tree``, in a fresh process that imports it from there
-    (``precision`` ``"bf16"``: under bf16 autocast; ``extra_env``: more environment variables)."""
+    (``precision`` ``"bf16"``: under bf16 autocast; ``extra_env``: more environment variables;
+    ``compile_model``: the update's forward compiled)."""
     env = {**os.environ, "PYTHONPATH": str(tree), **(extra_env or {})}
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision],
+        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision, str(int(compile_model))],
         cwd=tree / "benchmarks",
         env=env,
         capture_output=True,
@@ -65,6 +73,7 @@ def main() -> None:
     parser.add_argument(
         "--base-precision", choices=["fp32", "bf16"], default=None, help="the base's precision (default: --precision)"
     )
+    parser.add_argument("--compile", action="store_true", help="the working tree with compile_model=True (the base eager)")
     parser.add_argument("--name", default="compare_commits")
     args = parser.parse_args()
     base_commit = short_commit(args.base)
@@ -77,7 +86,10 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for side, tree in (("base", base_tree), ("new", REPO)):
                     loads.append(load_average())
-                    sides[side].append(measure(tree, args.threads, length, args.updates, precision[side]))
+                    compiled = args.compile and side == "new"
+                    sides[side].append(
+                        measure(tree, args.threads, length, args.updates, precision[side], compile_model=compiled)
+                    )
                     print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
             ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
             figures[f"speedup_L{length}"] = {
@@ -97,6 +109,7 @@ def main() -> None:
         "updates_per_measurement": args.updates,
         "precision": precision["new"],
         "base_precision": precision["base"],
+        "compile_model": args.compile,
     }
     write_results(args.name, config, figures, RESULTS_DIR)
 

@@ -143,7 +143,7 @@ class AMAGO(OffPolicyAlgorithm):
         ``action_noise`` attribute stays None so that SB3's loop does not add or reset it a second time
     :param relabeler: a :class:`sb3_amago.relabel.Relabeler` (hindsight instruction relabeling)
     :param mixed_precision: bf16 autocast in training
-    :param compile_model: ``torch.compile`` the training forward of the sequence model
+    :param compile_model: ``torch.compile`` the update's forward: the sequence model, the TD target and the loss
     :param overlap_collection: collection beside training: each update round of ``learn`` runs in a
         worker thread while the next round of env steps is collected with a copy of the policy one
         round older (see :mod:`sb3_amago.overlap`; runs are then not reproducible bit for bit).
@@ -348,7 +348,19 @@ class AMAGO(OffPolicyAlgorithm):
             n_critics=self.n_critics,
             **self.policy_kwargs,
         ).to(self.device)
-        self._encode = th.compile(self.policy.encode, dynamic=True) if self.compile_model else self.policy.encode
+        # The update's forward, compiled or not: the sequence model, the TD target and the loss
+        # (PopArt's statistics update between the last two stays eager). Random draws (the target's
+        # critic picks, sampled actions) come from torch's generator as in eager code, so a seed
+        # gives the eager update's values.
+        compiled = (
+            functools.partial(th.compile, dynamic=True, options={"fallback_random": True})
+            if self.compile_model
+            else (lambda fn: fn)
+        )
+        self._encode = compiled(self.policy.encode)
+        self._target_values = compiled(target_values)
+        self._amago_loss = compiled(amago_loss)
+        self._behaviour_cloning_loss = compiled(behaviour_cloning_loss)
         self._convert_train_freq()
         self._dist.attach(self.policy)
         assert isinstance(self.train_freq, TrainFreq)
@@ -507,11 +519,11 @@ class AMAGO(OffPolicyAlgorithm):
             with autocast:
                 states = self._encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
                 if loss_config.pure_bc:
-                    loss, stats = behaviour_cloning_loss(policy, batch, states)
+                    loss, stats = self._behaviour_cloning_loss(policy, batch, states)
                 else:
-                    target = target_values(policy, batch, states, loss_config)  # (B, L, G)
+                    target = self._target_values(policy, batch, states, loss_config)  # (B, L, G)
                     policy.popart.update_stats(target, batch.real[:, 1:])
-                    loss, stats = amago_loss(policy, batch, states, target, loss_config)
+                    loss, stats = self._amago_loss(policy, batch, states, target, loss_config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
@@ -701,7 +713,17 @@ class AMAGO(OffPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # An exploration built from the model's arguments is built again at load, from the loaded arguments.
         rebuilt = ["exploration"] if self._exploration_from_args else []
-        of_this_process = ["_collect_state", "_encode", "distributed", "_dist", "_overlap", "_overlapping"]
+        of_this_process = [
+            "_collect_state",
+            "_encode",
+            "_target_values",
+            "_amago_loss",
+            "_behaviour_cloning_loss",
+            "distributed",
+            "_dist",
+            "_overlap",
+            "_overlapping",
+        ]
         return [*super()._excluded_save_params(), *rebuilt, *of_this_process]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:

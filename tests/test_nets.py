@@ -504,6 +504,27 @@ def test_fast_dropout_compiles_without_a_graph_break() -> None:
         th.testing.assert_close(x.grad, y, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("negative_slope", [0.01, 0.0])
+def test_compiled_leaky_relu_takes_eager_values_and_gradients(negative_slope: float) -> None:
+    """Under torch.compile the rectifier is the opaque operator pair (no graph break), with
+    ``F.leaky_relu``'s values and input gradients; slope 0 is ``F.relu``'s, zero input included."""
+    from sb3_amago.nets.activations import LeakyReLU
+
+    layer = LeakyReLU(negative_slope)
+    assert th._dynamo.explain(layer)(th.ones(4, 4)).graph_break_count == 0
+    compiled = th.compile(lambda x: layer(x) * 3.0, dynamic=True)
+    for rows in (6, 5):
+        x = th.randn(rows, 7)
+        x[0, :3] = 0.0
+        results = []
+        for fn in (compiled, lambda x: F.leaky_relu(x, negative_slope) * 3.0):
+            leaf = x.clone().requires_grad_(True)
+            out = fn(leaf)
+            out.backward(th.arange(float(leaf.numel())).view_as(leaf))
+            results.append((out.detach(), leaf.grad))
+        th.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+
+
 def test_action_input_critics_equal_their_mlp_on_the_concatenated_input() -> None:
     """The split first layer (state once, gamma and action features per gamma) is the ensemble MLP
     applied to ``[state, symlog(1 / (1 - gamma)), action]`` of every (step, gamma), in value and gradient."""

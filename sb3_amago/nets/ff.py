@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import torch as th
 from torch import nn
-from torch.nn import functional as F
 
+from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
 
 
@@ -40,7 +40,7 @@ class FFTrajEncoder(TrajEncoder):
     def _mlp(self, x: th.Tensor) -> th.Tensor:
         """``(..., d_in)`` -> ``(..., d_hidden)``"""
         for i, layer in enumerate(self.layers):
-            x = layer(x) if i == 0 else layer(F.leaky_relu(x))
+            x = layer(x) if i == 0 else layer(leaky_relu(x))
         return self.out_norm(x)
 
     def forward(self, x: th.Tensor, time_idx: th.Tensor, real: th.Tensor) -> th.Tensor:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch as th
 from torch import nn
 
+from sb3_amago.nets.activations import LeakyReLU
+
 if TYPE_CHECKING:
     from sb3_amago.distributions import ActionType
 
@@ -55,7 +57,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | Non
     for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b) if n_members is None else EnsembleLinear(n_members, a, b))
         if i < len(sizes) - 2:
-            layers.append(nn.LeakyReLU())
+            layers.append(LeakyReLU())
     return nn.Sequential(*layers)
 
 

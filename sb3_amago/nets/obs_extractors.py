@@ -17,9 +17,9 @@ from stable_baselines3.common.preprocessing import (
 )
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor, NatureCNN
 from torch import nn
-from torch.nn import functional as F
 
 from sb3_amago.keys import INSTRUCTION_KEY, OBS_KEY
+from sb3_amago.nets.activations import LeakyReLU, leaky_relu
 
 CNN_TYPES = ("auto", "nature", "impala", "small")
 # SB3's NatureCNN (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 convolutions) needs this many pixels per side.
@@ -53,7 +53,7 @@ class _ResidualBlock(nn.Module):
 
     def forward(self, x: th.Tensor) -> th.Tensor:
         """``(B, C, H, W)`` -> ``(B, C, H, W)``"""
-        return x + self.conv_2(F.relu(self.conv_1(F.relu(x))))
+        return x + self.conv_2(leaky_relu(self.conv_1(leaky_relu(x, 0.0)), 0.0))
 
 
 class ImpalaCNN(BaseFeaturesExtractor):
@@ -79,10 +79,10 @@ class ImpalaCNN(BaseFeaturesExtractor):
                 _ResidualBlock(out_channels),
             ]
             in_channels = out_channels
-        self.cnn = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        self.cnn = nn.Sequential(*layers, LeakyReLU(0.0), nn.Flatten())
         with th.no_grad():
             n_flatten = self.cnn(th.zeros(1, *observation_space.shape)).shape[1]
-        self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), nn.ReLU())
+        self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), LeakyReLU(0.0))
 
     def forward(self, observations: th.Tensor) -> th.Tensor:
         """``(B, C, H, W)`` -> ``(B, features_dim)``"""
@@ -106,11 +106,11 @@ class SmallImageCNN(BaseFeaturesExtractor):
         in_channels, height, width = observation_space.shape
         layers: list[nn.Module] = []
         for out_channels in channels:
-            layers += [nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), nn.ReLU()]
+            layers += [nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), LeakyReLU(0.0)]
             in_channels = out_channels
         grid = (min(height, SMALL_CNN_MAX_GRID), min(width, SMALL_CNN_MAX_GRID))
         self.cnn = nn.Sequential(*layers, nn.AdaptiveMaxPool2d(grid), nn.Flatten())
-        self.linear = nn.Sequential(nn.Linear(in_channels * grid[0] * grid[1], features_dim), nn.ReLU())
+        self.linear = nn.Sequential(nn.Linear(in_channels * grid[0] * grid[1], features_dim), LeakyReLU(0.0))
 
     def forward(self, observations: th.Tensor) -> th.Tensor:
         """``(B, C, H, W)`` -> ``(B, features_dim)``"""
@@ -189,7 +189,7 @@ class InstructionEncoder(nn.Module):
         if summary == "gru":
             self.summary: nn.Module = nn.GRU(token_dim, features_dim, batch_first=True)
         else:
-            self.summary = nn.Sequential(nn.Linear(len(self.nvec) * token_dim, features_dim), nn.LeakyReLU())
+            self.summary = nn.Sequential(nn.Linear(len(self.nvec) * token_dim, features_dim), LeakyReLU())
         self.features_dim = features_dim
 
     def forward(self, one_hot: th.Tensor) -> th.Tensor:

@@ -20,6 +20,7 @@ from torch import nn
 
 from sb3_amago.distributions import make_action_type
 from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, OBS_KEY
+from sb3_amago.nets.activations import LeakyReLU
 from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
@@ -177,7 +178,7 @@ class TimestepEncoder(nn.Module):
         layers: list[nn.Module] = []
         width = self.features_extractor.features_dim + self.action_features_dim
         for hidden in hidden_sizes:
-            layers += [nn.Linear(width, hidden), nn.LeakyReLU()]
+            layers += [nn.Linear(width, hidden), LeakyReLU()]
             width = hidden
         self.mlp = nn.Sequential(*layers, nn.Linear(width, d_out), nn.LayerNorm(d_out))
         self.d_out = d_out

@@ -33,6 +33,7 @@ import torch as th
 from torch import nn
 from torch.nn import functional as F
 
+from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
 from sb3_amago.nets.dropout import FastDropout
 from sb3_amago.nets.sigma_reparam import make_linear
@@ -96,6 +97,20 @@ def rotary_tables(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tenso
     return th.cat([cos, cos], dim=-1).unsqueeze(1), th.cat([-sin, sin], dim=-1).unsqueeze(1)
 
 
+# Inductor would fold the tables' cosines and sines into every layer's rotation, forward and
+# backward, evaluating them once per head; as one opaque operator they are computed once.
+@th.library.custom_op("sb3_amago::rotary_tables", mutates_args=())
+def compiled_rotary_tables(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
+    """:func:`rotary_tables` as one operator for ``torch.compile``."""
+    return rotary_tables(time_idx, d_head)
+
+
+@compiled_rotary_tables.register_fake
+def _(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
+    shape = (time_idx.shape[0], 1, time_idx.shape[1], d_head)
+    return time_idx.new_empty(shape, dtype=th.float32), time_idx.new_empty(shape, dtype=th.float32)
+
+
 def apply_rotary(x: th.Tensor, rotary: tuple[th.Tensor, th.Tensor]) -> th.Tensor:
     """Rotate the feature pairs ``(x_i, x_{i + d/2})`` of ``x`` ``(..., B, H, L, d_head)`` by their
     angles: ``(x_1 cos - x_2 sin, x_2 cos + x_1 sin)``, as ``x * cos + swap(x) * sin`` with the tables
@@ -155,7 +170,7 @@ class TransformerBlock(nn.Module):
         attn = attn * self.head_scale.to(attn.dtype)[:, None, None]
         attn = attn.transpose(1, 2).flatten(2)  # (B, L, D)
         x = x + self.norm_attn_out(self.attn_out(attn))
-        hidden = self.norm_ff_hidden(F.leaky_relu(self.ff_in(self.norm_ff_in(x))))  # (B, L, d_ff)
+        hidden = self.norm_ff_hidden(leaky_relu(self.ff_in(self.norm_ff_in(x))))  # (B, L, d_ff)
         return x + self.dropout(self.ff_out(self.dropout(hidden)))
 
     def forward(self, x: th.Tensor, rotary: Rotary = None) -> th.Tensor:
@@ -286,7 +301,11 @@ class TransformerTrajEncoder(TrajEncoder):
 
     def _rotary(self, time_idx: th.Tensor) -> Rotary:
         """Rotary tables for ``(B, L)`` time indices, or None for the other schemes."""
-        return rotary_tables(time_idx, self.d_model // self.n_heads) if self.pos_emb_type == "rotary" else None
+        if self.pos_emb_type != "rotary":
+            return None
+        if time_idx.device.type == "cpu" and th.compiler.is_compiling():
+            return compiled_rotary_tables(time_idx, self.d_model // self.n_heads)
+        return rotary_tables(time_idx, self.d_model // self.n_heads)
 
     def _run_blocks(self, h: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
         """Causal pass of the embedded sequence ``(B, L, d_model)`` at times ``(B, L)`` through every

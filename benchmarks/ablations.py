@@ -91,7 +91,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "updates_x3": ("three updates per 8 env steps (gradient_steps 3)", {"gradient_steps": 3}, {}),
     "n_step_5": ("5-step TD targets inside the window (n_step 5)", {"n_step": 5}, {}),
     "bf16": ("bf16 autocast of the update (mixed_precision=True)", {"mixed_precision": True}, {}),
-    "compiled": ("the sequence model compiled (compile_model=True)", {"compile_model": True}, {}),
+    "compiled": ("the update's forward compiled (compile_model=True)", {"compile_model": True}, {}),
+    "bf16_compiled": (
+        "bf16 autocast and the update's forward compiled (mixed_precision=True, compile_model=True)",
+        {"mixed_precision": True, "compile_model": True},
+        {},
+    ),
     "overlap": (
         "collection beside training: each update round in a worker thread (overlap_collection=True)",
         {"overlap_collection": True},

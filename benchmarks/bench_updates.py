@@ -11,7 +11,9 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
   update's FLOPs over that time); its share of an update's time is the roofline share, and the rest
   is time outside matrix products (elementwise ops, the optimizer, Python). The machine's peak, a
   2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions; where
-  it has them, the update under bf16 autocast gets its own roofline.
+  it has them, the update under bf16 autocast gets its own roofline. Each is given for the
+  compiled update too (``compile_model=True``, ``_compiled`` in the figure's name), against the
+  same products.
 - **Overhead floor.** The same update with every width 8 (``d_model``, ``d_ff``, the heads' and the
   timestep encoder's hidden layers; one attention head): the same operators, one by one, on the
   same batch and window. Its time is what no narrower network would save: Python, autograd and the
@@ -261,27 +263,39 @@ def operators_per_update(model: AMAGO) -> int:
     return counter.calls
 
 
-def roofline(max_seq_len: int, n_updates: int, mixed_precision: bool = False) -> dict[str, float]:
+def roofline(max_seq_len: int, n_updates: int, mixed_precision: bool = False, compile_model: bool = False) -> dict[str, float]:
     """The update's matrix-product FLOPs, their replay time at the update's shapes, the share of an
-    update's time that replay accounts for, and the overhead floor (see the module docstring)."""
+    update's time that replay accounts for, and the overhead floor (see the module docstring).
+
+    ``compile_model``: the timed update and floor are compiled. The compiled update runs the eager
+    one's matrix products (inductor leaves them to ATen on a CPU), so they are recorded on the
+    eager model; its fused kernels are not ATen operators, so no operator count is given."""
     model = trained_model(max_seq_len, mixed_precision)
     recorder = MatrixOpRecorder()
     counter = FlopCounterMode(display=False)
     with recorder, counter:
         model.train(gradient_steps=1, batch_size=8)
-    update_s = _timed(lambda: model.train(gradient_steps=n_updates, batch_size=8)) / n_updates
+    timed = trained_model(max_seq_len, mixed_precision, compile_model=True) if compile_model else model
+    update_s = _timed(lambda: timed.train(gradient_steps=n_updates, batch_size=8)) / n_updates
     matrix_s = replay_seconds(recorder.calls, repeats=5)
     flops = float(counter.get_total_flops())
-    floor = trained_model(max_seq_len, mixed_precision, policy_kwargs=FLOOR_POLICY)
+    floor = trained_model(max_seq_len, mixed_precision, compile_model=compile_model, policy_kwargs=FLOOR_POLICY)
     floor_s = _timed(lambda: floor.train(gradient_steps=n_updates, batch_size=8)) / n_updates
+    operators = (
+        {}
+        if compile_model
+        else {
+            "operators_per_update": operators_per_update(model),
+            "floor_operators_per_update": operators_per_update(floor),
+        }
+    )
     return {
         "update_ms": 1e3 * update_s,
         "matrix_ms": 1e3 * matrix_s,
         "matrix_share": matrix_s / update_s,
         "overhead_floor_ms": 1e3 * floor_s,
         "elementwise_ms": 1e3 * (update_s - matrix_s - floor_s),
-        "operators_per_update": operators_per_update(model),
-        "floor_operators_per_update": operators_per_update(floor),
+        **operators,
         "gflop_per_update": flops / 1e9,
         "attainable_gflops_at_update_shapes": flops / matrix_s / 1e9,
         "achieved_gflops": flops / update_s / 1e9,
@@ -344,10 +358,15 @@ def main() -> None:
         figures[f"updates_per_s_L{length}_bf16_autocast"] = {"value": bf16, "unit": "updates/s", "ratio_vs_fp32": bf16 / ups}
         print(f"L={length} bf16 autocast: {bf16:.2f} updates/s")
         for mixed_precision in (False, True) if cpu_has_native_bf16() else (False,):
-            name = f"roofline_share_L{length}" + ("_bf16_autocast" if mixed_precision else "")
-            roof = roofline(length, n, mixed_precision)
-            figures[name] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}
-            print(f"{name}: {figures[name]}")
+            for compiled in (False, True):
+                name = (
+                    f"roofline_share_L{length}"
+                    + ("_bf16_autocast" if mixed_precision else "")
+                    + ("_compiled" if compiled else "")
+                )
+                roof = roofline(length, n, mixed_precision, compiled)
+                figures[name] = {"value": roof.pop("matrix_share"), "unit": "fraction of an update", **roof}
+                print(f"{name}: {figures[name]}")
     box = updates_per_second(64, max(1, n // 4), continuous=True)
     figures["updates_per_s_L64_box"] = {"value": box, "unit": "updates/s", "actions": "Box(-1, 1, (2,))"}
     print(f"L=64 Box actions: {box:.2f} updates/s")

@@ -1,6 +1,7 @@
 """Training seconds per 1,000 env steps of a learning-suite run (the task's zoo entry, as
 ``learning.py`` runs it), sequential and with collection beside training (``overlap_collection``),
-or under bf16 autocast (``mixed_precision``; ``--sides``).
+or under bf16 autocast (``mixed_precision``) and compiled (``compile_model``; ``--sides``; a compiled
+side takes one untimed update first, which compiles it).
 
 With ``--base REV``, a git worktree of that revision is measured too, sequential, with its own
 code and zoo entry: how much faster the suite's runs have become. Each measurement runs in a
@@ -16,6 +17,7 @@ machine's cores takes more of them, which would flatter the overlapped side.
     python benchmarks/loop_time.py --device cuda --threads 4          # the update on a GPU
     python benchmarks/loop_time.py --base b580c91                      # also an older version, sequential
     python benchmarks/loop_time.py --sides sequential bf16 --base b580c91   # bf16 against fp32, and the base
+    python benchmarks/loop_time.py --sides sequential compiled bf16 bf16_compiled --base b580c91
 
 Results: ``benchmarks/results/loop_time_<task>.json`` / ``.md``.
 """
@@ -48,6 +50,8 @@ SIDE_KWARGS: dict[str, dict[str, Any]] = {
     "sequential": {},
     "overlap": {"overlap_collection": True},
     "bf16": {"mixed_precision": True},
+    "compiled": {"compile_model": True},
+    "bf16_compiled": {"mixed_precision": True, "compile_model": True},
 }
 
 
@@ -67,6 +71,8 @@ def seconds_per_1000(
     env = make_envs(entry, settings, settings.n_envs, seed, training=True)
     model = settings.algo_class(env=env, seed=seed, device=device, verbose=0, **settings.kwargs, **extra_kwargs)
     model.learn(model.learning_starts)  # no update yet: the replay's first rollouts
+    if extra_kwargs.get("compile_model"):
+        model.train(gradient_steps=1, batch_size=model.batch_size)  # compiles the update, untimed
     elapsed, train_share = timed_learn(model, env_steps)
     env.close()
     return 1000.0 * elapsed / env_steps, train_share
@@ -158,11 +164,11 @@ def main() -> None:
         }
         for name, values in runs.items()
     }
+    others = [name for name in SIDE_KWARGS if name != "sequential"]
     pairs = [
-        ("overlap_speedup", "sequential", "overlap"),
-        ("bf16_speedup", "sequential", "bf16"),
+        *((f"{name}_speedup", "sequential", name) for name in others),
         ("speedup_over_base", "base", "sequential"),
-        ("bf16_speedup_over_base", "base", "bf16"),
+        *((f"{name}_speedup_over_base", "base", name) for name in others),
     ]
     for figure, slow, fast in pairs:
         if slow in runs and fast in runs:

@@ -17,8 +17,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
+from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
-from sb3_amago.nets.transformer import apply_rotary, rotary_tables, sinusoidal_embedding
+from sb3_amago.nets.transformer import sinusoidal_embedding
 
 D_IN = 5
 SMALL = {

@@ -36,6 +36,7 @@ from torch.nn import functional as F
 from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
 from sb3_amago.nets.dropout import FastDropout
+from sb3_amago.nets.rotary import Rotary, apply_rotary, tables
 from sb3_amago.nets.sigma_reparam import make_linear
 
 #: Position schemes: added to the layer-0 input ("sinusoidal", "learnable"), rotating queries and keys
@@ -43,7 +44,6 @@ from sb3_amago.nets.sigma_reparam import make_linear
 POS_EMB_TYPES = ("sinusoidal", "learnable", "rotary", "none")
 #: How acting continues once a rollout is longer than the window (see the module docstring).
 WINDOW_SLIDES = ("recompute", "roll")
-ROTARY_BASE = 10_000.0
 
 
 @dataclass
@@ -82,47 +82,6 @@ def sinusoidal_embedding(time_idx: th.Tensor, d_model: int) -> th.Tensor:
     return th.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-def rotary_tables(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
-    """Cosines and signed sines of the rotary embedding (Su et al. 2021) at integer time indices, per
-    feature: feature ``i`` and its partner ``i + d_head / 2`` turn by the same angle, so ``cos`` holds
-    each pair's cosine twice and ``sin`` its sine, negated on the first half (see :func:`apply_rotary`).
-
-    :param time_idx: ``(B, L)`` int
-    :return: ``cos``, ``sin``, each ``(B, 1, L, d_head)`` float32 (broadcast over heads)
-    """
-    half = d_head // 2
-    freqs = ROTARY_BASE ** (-th.arange(half, device=time_idx.device, dtype=th.float32) / half)
-    angles = time_idx.to(th.float32).unsqueeze(-1) * freqs  # (B, L, half)
-    cos, sin = angles.cos(), angles.sin()
-    return th.cat([cos, cos], dim=-1).unsqueeze(1), th.cat([-sin, sin], dim=-1).unsqueeze(1)
-
-
-# Inductor would fold the tables' cosines and sines into every layer's rotation, forward and
-# backward, evaluating them once per head; as one opaque operator they are computed once.
-@th.library.custom_op("sb3_amago::rotary_tables", mutates_args=())
-def compiled_rotary_tables(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
-    """:func:`rotary_tables` as one operator for ``torch.compile``."""
-    return rotary_tables(time_idx, d_head)
-
-
-@compiled_rotary_tables.register_fake
-def _(time_idx: th.Tensor, d_head: int) -> tuple[th.Tensor, th.Tensor]:
-    shape = (time_idx.shape[0], 1, time_idx.shape[1], d_head)
-    return time_idx.new_empty(shape, dtype=th.float32), time_idx.new_empty(shape, dtype=th.float32)
-
-
-def apply_rotary(x: th.Tensor, rotary: tuple[th.Tensor, th.Tensor]) -> th.Tensor:
-    """Rotate the feature pairs ``(x_i, x_{i + d/2})`` of ``x`` ``(..., B, H, L, d_head)`` by their
-    angles: ``(x_1 cos - x_2 sin, x_2 cos + x_1 sin)``, as ``x * cos + swap(x) * sin`` with the tables
-    of :func:`rotary_tables` (the same values as the four half-width products, in half the operators)."""
-    cos, sin = (t.to(x.dtype) for t in rotary)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + th.cat([x2, x1], dim=-1) * sin
-
-
-Rotary = tuple[th.Tensor, th.Tensor] | None
-
-
 class TransformerBlock(nn.Module):
     """One pre-norm NormFormer block; see the module docstring.
 
@@ -150,7 +109,7 @@ class TransformerBlock(nn.Module):
 
     def _qkv(self, x: th.Tensor, rotary: Rotary) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """``(B, L, D)`` residual stream -> query, key, value, each ``(B, H, L, Dh)``; queries and
-        keys rotated by :func:`rotary_tables` when given."""
+        keys rotated by :func:`~sb3_amago.nets.rotary.rotary_tables` when given."""
         batch, length, _ = x.shape
         qkv = self.qkv(self.norm_attn_in(x)).view(batch, length, 3, self.n_heads, self.d_head)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, L, Dh)
@@ -301,11 +260,7 @@ class TransformerTrajEncoder(TrajEncoder):
 
     def _rotary(self, time_idx: th.Tensor) -> Rotary:
         """Rotary tables for ``(B, L)`` time indices, or None for the other schemes."""
-        if self.pos_emb_type != "rotary":
-            return None
-        if time_idx.device.type == "cpu" and th.compiler.is_compiling():
-            return compiled_rotary_tables(time_idx, self.d_model // self.n_heads)
-        return rotary_tables(time_idx, self.d_model // self.n_heads)
+        return tables(time_idx, self.d_model // self.n_heads) if self.pos_emb_type == "rotary" else None
 
     def _run_blocks(self, h: th.Tensor, time_idx: th.Tensor) -> th.Tensor:
         """Causal pass of the embedded sequence ``(B, L, d_model)`` at times ``(B, L)`` through every

@@ -145,9 +145,10 @@ AMAGO_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "amago_ff": ("AMAGO (feed-forward encoder)", {"policy_kwargs": {"traj_encoder": "ff", "traj_encoder_kwargs": {}}}),
     "amago_no_relabel": ("AMAGO (no relabeling)", {"relabeler": HindsightInstructionRelabeler(strategy="none")}),
     "amago_bf16": ("AMAGO (bf16 autocast)", {"mixed_precision": True}),
+    "amago_bf16_compiled": ("AMAGO (bf16 autocast, compiled update)", {"mixed_precision": True, "compile_model": True}),
 }
 #: Variants that every task runs when ``--algos`` names them, and none runs by default.
-ON_REQUEST = ("amago_bf16",)
+ON_REQUEST = ("amago_bf16", "amago_bf16_compiled")
 #: Every algorithm name a task can list.
 ALGO_CHOICES = (*ALGOS, *(name for name in AMAGO_VARIANTS if name not in ALGOS))
 #: The memory-model ablation: the compared algorithms and AMAGO with GRU and feed-forward encoders.

@@ -7,7 +7,8 @@ Intel Xeon, torch 2.13), so each rectifier of a compiled update cost more than a
 whole forward. Under compile on the CPU these functions call the operators
 ``sb3_amago::leaky_relu`` and ``sb3_amago::leaky_relu_backward`` instead: the backward reads the
 layer's output (its sign is the input's, the slope being non-negative), which the next layer's
-product saves anyway. Eager code and other devices call ``torch.nn.functional`` directly.
+product saves anyway. Eager code and other devices call ``F.leaky_relu`` (``F.relu`` at slope 0)
+directly.
 """
 
 from typing import Any
@@ -59,7 +60,7 @@ def leaky_relu(x: th.Tensor, negative_slope: float = 0.01) -> th.Tensor:
     """
     if x.device.type == "cpu" and th.compiler.is_compiling():
         return compiled_leaky_relu(x, negative_slope)
-    return F.leaky_relu(x, negative_slope)
+    return F.relu(x) if negative_slope == 0.0 else F.leaky_relu(x, negative_slope)
 
 
 class LeakyReLU(nn.Module):

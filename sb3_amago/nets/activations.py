@@ -1,14 +1,14 @@
-"""Leaky ReLU (and ReLU, its slope 0) that ``torch.compile`` keeps as opaque operators on the CPU.
+"""Leaky ReLU (and ReLU, its slope 0) whose forward ``torch.compile`` keeps as an opaque operator on the CPU.
 
 Compiled, a rectifier's backward needs only the sign of its input, and the compiler saves that as a
 bool tensor for the backward pass. Inductor's CPU code stores bool (and other one-byte) tensors
 about 50 times slower than float ones (a ``(520, 512)`` comparison: 1.3 ms against 26 us on an
 Intel Xeon, torch 2.13), so each rectifier of a compiled update cost more than an eager layer's
-whole forward. Under compile on the CPU these functions call the operators
-``sb3_amago::leaky_relu`` and ``sb3_amago::leaky_relu_backward`` instead: the backward reads the
-layer's output (its sign is the input's, the slope being non-negative), which the next layer's
-product saves anyway. Eager code and other devices call ``F.leaky_relu`` (``F.relu`` at slope 0)
-directly.
+whole forward. Under compile on the CPU these functions call the operator ``sb3_amago::leaky_relu``
+instead, whose backward reads the layer's output (its sign is the input's, the slope being
+non-negative): every rectifier of the package feeds a product or a norm that saves that output
+anyway, so nothing more is stored, and the backward is plain torch code that the compiler fuses into
+its neighbours. Eager code and other devices call ``F.leaky_relu`` (``F.relu`` at slope 0) directly.
 """
 
 from typing import Any
@@ -29,17 +29,6 @@ def _(x: th.Tensor, negative_slope: float) -> th.Tensor:
     return th.empty_like(x)
 
 
-@th.library.custom_op("sb3_amago::leaky_relu_backward", mutates_args=())
-def compiled_leaky_relu_backward(grad: th.Tensor, result: th.Tensor, negative_slope: float) -> th.Tensor:
-    """The input gradient of a leaky ReLU from its output ``result``."""
-    return th.ops.aten.leaky_relu_backward(grad, result, negative_slope, True)
-
-
-@compiled_leaky_relu_backward.register_fake
-def _(grad: th.Tensor, result: th.Tensor, negative_slope: float) -> th.Tensor:
-    return th.empty_like(grad)
-
-
 def _setup_context(ctx: Any, inputs: tuple[th.Tensor, float], output: th.Tensor) -> None:
     ctx.save_for_backward(output)
     ctx.negative_slope = inputs[1]
@@ -47,7 +36,8 @@ def _setup_context(ctx: Any, inputs: tuple[th.Tensor, float], output: th.Tensor)
 
 def _backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor, None]:
     (result,) = ctx.saved_tensors
-    return compiled_leaky_relu_backward(grad, result, ctx.negative_slope), None
+    # Traced by the compiler (not opaque): fused into the kernels around it.
+    return th.where(result > 0, grad, grad * ctx.negative_slope), None
 
 
 compiled_leaky_relu.register_autograd(_backward, setup_context=_setup_context)

@@ -351,12 +351,10 @@ class AMAGO(OffPolicyAlgorithm):
         # The update's forward, compiled or not: the sequence model, the TD target and the loss
         # (PopArt's statistics update between the last two stays eager). Random draws (the target's
         # critic picks, sampled actions) come from torch's generator as in eager code, so a seed
-        # gives the eager update's values.
-        compiled = (
-            functools.partial(th.compile, dynamic=True, options={"fallback_random": True})
-            if self.compile_model
-            else (lambda fn: fn)
-        )
+        # gives the eager update's values. On the CPU, the C++ wrapper launches the compiled kernels
+        # without Python between them: ~1 ms of a 33 ms update at L = 64, for ~10% more compile time.
+        options = {"fallback_random": True, "cpp_wrapper": self.device.type == "cpu"}
+        compiled = functools.partial(th.compile, dynamic=True, options=options) if self.compile_model else (lambda fn: fn)
         self._encode = compiled(self.policy.encode)
         self._target_values = compiled(target_values)
         self._amago_loss = compiled(amago_loss)

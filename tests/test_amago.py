@@ -334,22 +334,25 @@ def test_save_carries_the_optimizer_state(tmp_path) -> None:
             assert th.equal(restored["state"][index][key], value), (index, key)
 
 
-@pytest.mark.parametrize("action", list(ACTION_SPACES))
-def test_compiled_update_takes_the_eager_updates_values(action: str) -> None:
-    """``compile_model=True`` compiles the sequence model, the TD target and the loss. From the same
-    replay and seed, its updates leave the parameters and PopArt's statistics where the eager ones
-    do (the same dropout masks and action samples; only float rounding differs), on windows of
-    changing length."""
-    models = [
-        filled_model(
-            make_vec_env(lambda: CountingEnv(action_space=ACTION_SPACES[action], random_length=True), n_envs=2, seed=1),
-            compile_model=compiled,
-        )
-        for compiled in (False, True)
-    ]
+@pytest.mark.parametrize("env", [*ACTION_SPACES, "amago-popgym-CountRecallEasy-v0"])
+def test_compiled_update_takes_the_eager_updates_values(env: str) -> None:
+    """``compile_model=True`` compiles the sequence model, the TD target and the loss, each in one
+    graph (no graph break). From the same replay and seed, its updates leave the parameters and
+    PopArt's statistics where the eager ones do (the same dropout masks and action samples; only
+    float rounding differs), on windows of changing length. ``env``: an action space of CountingEnv,
+    or a POPGym task with MultiDiscrete observations (one-hot coded) in a Dict."""
+
+    def make_env() -> DummyVecEnv | str:
+        if env in ACTION_SPACES:
+            return make_vec_env(lambda: CountingEnv(action_space=ACTION_SPACES[env], random_length=True), n_envs=2, seed=1)
+        return env
+
+    models = [filled_model(make_env(), compile_model=compiled) for compiled in (False, True)]
+    th._dynamo.utils.counters.clear()
     for model in models:
         model.set_random_seed(1)
         model.train(gradient_steps=3, batch_size=4)
+    assert not th._dynamo.utils.counters["graph_break"], dict(th._dynamo.utils.counters["graph_break"])
     eager, compiled = (model.policy.state_dict() for model in models)
     for key in eager:
         th.testing.assert_close(compiled[key], eager[key], atol=1e-4, rtol=1e-4, msg=key)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.preprocessing import get_action_dim
+from stable_baselines3.common.preprocessing import get_action_dim, preprocess_obs
 from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,7 +18,7 @@ from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
-from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder
+from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, one_hot, one_hot_sizes
 from sb3_amago.nets.transformer import sinusoidal_embedding
 
 D_IN = 5
@@ -505,9 +505,26 @@ def test_fast_dropout_compiles_without_a_graph_break() -> None:
         th.testing.assert_close(x.grad, y, atol=0, rtol=0)
 
 
+def test_one_hot_codes_discrete_observations_as_sb3_does() -> None:
+    """The encoder's own one-hot coding (sizes kept as Python ints, for torch.compile) gives SB3's
+    ``preprocess_obs`` values; other spaces have no one-hot sizes and go to SB3's."""
+    cases = [
+        (spaces.Discrete(5), th.tensor([0, 4, 2])),
+        (spaces.MultiDiscrete([3, 4]), th.tensor([[0, 3], [2, 1], [1, 0]])),
+        (spaces.MultiDiscrete([2]), th.tensor([[1], [0]])),
+    ]
+    for space, x in cases:
+        sizes = one_hot_sizes(space)
+        assert sizes is not None
+        assert th.equal(one_hot(x, sizes), cast(th.Tensor, preprocess_obs(x, space))), space
+    assert one_hot_sizes(spaces.Box(-1, 1, (2,))) is None
+    assert one_hot_sizes(spaces.MultiBinary(3)) is None
+    assert one_hot_sizes(spaces.MultiDiscrete([[2, 3], [4, 5]])) is None
+
+
 @pytest.mark.parametrize("negative_slope", [0.01, 0.0])
 def test_compiled_leaky_relu_takes_eager_values_and_gradients(negative_slope: float) -> None:
-    """Under torch.compile the rectifier is the opaque operator pair (no graph break), with
+    """Under torch.compile the rectifier is the opaque operator with a traced backward (no graph break), with
     ``F.leaky_relu``'s values and input gradients; slope 0 is ``F.relu``'s, zero input included."""
     from sb3_amago.nets.activations import LeakyReLU
 

@@ -17,6 +17,7 @@ from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_obs_shape, is_image_space, preprocess_obs
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
+from torch.nn import functional as F
 
 from sb3_amago.distributions import make_action_type
 from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, OBS_KEY
@@ -87,6 +88,23 @@ class RunningNorm(nn.Module):
         if self.training:
             self.update(x, real)
         return ((x - self.mean) / th.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+
+def one_hot_sizes(space: spaces.Space) -> int | tuple[int, ...] | None:
+    """The one-hot size of a Discrete space, the sizes of a 1-D MultiDiscrete one, else None."""
+    if isinstance(space, spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return tuple(int(n) for n in space.nvec)
+    return None
+
+
+def one_hot(x: th.Tensor, sizes: int | tuple[int, ...]) -> th.Tensor:
+    """SB3's ``preprocess_obs`` of a Discrete (``sizes`` an int, ``x`` ``(N,)``) or 1-D MultiDiscrete
+    (``x`` ``(N, len(sizes))``) observation counted from 0: float one-hot codes, ``(N, sum(sizes))``."""
+    if isinstance(sizes, int):
+        return F.one_hot(x.long(), num_classes=sizes).float()
+    return th.cat([F.one_hot(x[:, i].long(), num_classes=n) for i, n in enumerate(sizes)], dim=-1).float()
 
 
 def _is_integer(dtype: th.dtype) -> bool:
@@ -170,6 +188,9 @@ class TimestepEncoder(nn.Module):
                 start = np.asarray(space.start, dtype=np.int64).reshape(cast(tuple[int, ...], get_obs_shape(space)))
                 self._start_buffers[key] = f"obs_start_{i}"
                 self.register_buffer(self._start_buffers[key], th.as_tensor(start), persistent=False)
+        # Their one-hot sizes as Python ints: under torch.compile gymnasium's numpy sizes would be
+        # read as tensors, which inductor's C++ wrapper cannot turn back into sizes (a graph break).
+        self._one_hot_sizes = {key: one_hot_sizes(space) for key, space in self.obs_spaces.items() if one_hot_sizes(space)}
         extractor_kwargs = dict(features_extractor_kwargs or {})
         if features_extractor_class is None:
             features_extractor_class = AmagoExtractor
@@ -284,7 +305,8 @@ class TimestepEncoder(nn.Module):
             x = th.where(real_rows.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
             if key in self.obs_norms:
                 x = self.obs_norms[key](x, real_rows)
-            processed = preprocess_obs(x, self.obs_spaces[key])
+            sizes = self._one_hot_sizes.get(key)
+            processed = one_hot(x, sizes) if sizes else preprocess_obs(x, self.obs_spaces[key])
             assert isinstance(processed, th.Tensor), "a part of a flat Dict preprocesses to one tensor"
             flat[key] = processed.to(embedding_dtype)
         extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[OBS_KEY]

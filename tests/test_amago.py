@@ -334,17 +334,26 @@ def test_save_carries_the_optimizer_state(tmp_path) -> None:
             assert th.equal(restored["state"][index][key], value), (index, key)
 
 
-@pytest.mark.parametrize("env", [*ACTION_SPACES, "amago-popgym-CountRecallEasy-v0"])
+def _seeded_image_env() -> FakeImageEnv:
+    """16 x 16 images; FakeImageEnv samples them from its observation space, seeded here."""
+    env = FakeImageEnv(screen_height=16, screen_width=16)
+    env.observation_space.seed(0)
+    return env
+
+
+@pytest.mark.parametrize("env", [*ACTION_SPACES, "amago-popgym-CountRecallEasy-v0", "images"])
 def test_compiled_update_takes_the_eager_updates_values(env: str) -> None:
     """``compile_model=True`` compiles the sequence model, the TD target and the loss, each in one
     graph (no graph break). From the same replay and seed, its updates leave the parameters and
     PopArt's statistics where the eager ones do (the same dropout masks and action samples; only
     float rounding differs), on windows of changing length. ``env``: an action space of CountingEnv,
-    or a POPGym task with MultiDiscrete observations (one-hot coded) in a Dict."""
+    a POPGym task with MultiDiscrete observations (one-hot coded) in a Dict, or 16 x 16 images."""
 
     def make_env() -> DummyVecEnv | str:
         if env in ACTION_SPACES:
             return make_vec_env(lambda: CountingEnv(action_space=ACTION_SPACES[env], random_length=True), n_envs=2, seed=1)
+        if env == "images":
+            return make_vec_env(_seeded_image_env, n_envs=2, seed=1)
         return env
 
     models = [filled_model(make_env(), compile_model=compiled) for compiled in (False, True)]

@@ -18,7 +18,7 @@ from sb3_amago.keys import OBS_KEY
 from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
-from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, one_hot, one_hot_sizes
+from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, observation_preprocessor
 from sb3_amago.nets.transformer import sinusoidal_embedding
 
 D_IN = 5
@@ -505,21 +505,22 @@ def test_fast_dropout_compiles_without_a_graph_break() -> None:
         th.testing.assert_close(x.grad, y, atol=0, rtol=0)
 
 
-def test_one_hot_codes_discrete_observations_as_sb3_does() -> None:
-    """The encoder's own one-hot coding (sizes kept as Python ints, for torch.compile) gives SB3's
-    ``preprocess_obs`` values; other spaces have no one-hot sizes and go to SB3's."""
+def test_observation_preprocessors_give_sb3s_values() -> None:
+    """The encoder's preprocessing, decided per space at construction (no numpy read in the update,
+    for torch.compile), gives SB3's ``preprocess_obs`` values and dtype."""
+    image = spaces.Box(0, 255, (3, 8, 8), dtype=np.uint8)
     cases = [
         (spaces.Discrete(5), th.tensor([0, 4, 2])),
         (spaces.MultiDiscrete([3, 4]), th.tensor([[0, 3], [2, 1], [1, 0]])),
         (spaces.MultiDiscrete([2]), th.tensor([[1], [0]])),
+        (spaces.Box(-1, 1, (2,)), th.tensor([[0.5, -1.0]])),
+        (image, th.randint(0, 256, (2, 3, 8, 8), dtype=th.uint8)),
+        (spaces.MultiBinary(3), th.tensor([[1, 0, 1]], dtype=th.int8)),
     ]
     for space, x in cases:
-        sizes = one_hot_sizes(space)
-        assert sizes is not None
-        assert th.equal(one_hot(x, sizes), cast(th.Tensor, preprocess_obs(x, space))), space
-    assert one_hot_sizes(spaces.Box(-1, 1, (2,))) is None
-    assert one_hot_sizes(spaces.MultiBinary(3)) is None
-    assert one_hot_sizes(spaces.MultiDiscrete([[2, 3], [4, 5]])) is None
+        expected = cast(th.Tensor, preprocess_obs(x, space))
+        processed = observation_preprocessor(space)(x)
+        assert processed.dtype == expected.dtype and th.equal(processed, expected), space
 
 
 @pytest.mark.parametrize("negative_slope", [0.01, 0.0])

@@ -8,6 +8,7 @@ Pipeline for a batch of windows ``(B, L)``::
     -> MLP (leaky ReLU) -> Linear(d_out) -> LayerNorm
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -90,21 +91,36 @@ class RunningNorm(nn.Module):
         return ((x - self.mean) / th.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
 
 
-def one_hot_sizes(space: spaces.Space) -> int | tuple[int, ...] | None:
-    """The one-hot size of a Discrete space, the sizes of a 1-D MultiDiscrete one, else None."""
-    if isinstance(space, spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return tuple(int(n) for n in space.nvec)
-    return None
-
-
 def one_hot(x: th.Tensor, sizes: int | tuple[int, ...]) -> th.Tensor:
     """SB3's ``preprocess_obs`` of a Discrete (``sizes`` an int, ``x`` ``(N,)``) or 1-D MultiDiscrete
     (``x`` ``(N, len(sizes))``) observation counted from 0: float one-hot codes, ``(N, sum(sizes))``."""
     if isinstance(sizes, int):
         return F.one_hot(x.long(), num_classes=sizes).float()
     return th.cat([F.one_hot(x[:, i].long(), num_classes=n) for i, n in enumerate(sizes)], dim=-1).float()
+
+
+def _as_float(x: th.Tensor) -> th.Tensor:
+    return x.float()
+
+
+def _image_as_float(x: th.Tensor) -> th.Tensor:
+    return x.float() / 255.0
+
+
+def observation_preprocessor(space: spaces.Space) -> Callable[[th.Tensor], th.Tensor]:
+    """SB3's ``preprocess_obs`` for ``space``, with every decision about the space taken now: under
+    torch.compile, reading gymnasium's numpy sizes and bounds in the update would turn them into
+    tensors (an image check's branch, or a one-hot size that inductor's C++ wrapper cannot read back,
+    breaks the graph). Spaces it does not cover (a 2-D MultiDiscrete) keep ``preprocess_obs``."""
+    if isinstance(space, spaces.Discrete):
+        return functools.partial(one_hot, sizes=int(space.n))
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return functools.partial(one_hot, sizes=tuple(int(n) for n in space.nvec))
+    if isinstance(space, spaces.Box) and is_image_space(space):
+        return _image_as_float
+    if isinstance(space, (spaces.Box, spaces.MultiBinary)):
+        return _as_float
+    return cast(Callable[[th.Tensor], th.Tensor], functools.partial(preprocess_obs, observation_space=space))
 
 
 def _is_integer(dtype: th.dtype) -> bool:
@@ -188,9 +204,9 @@ class TimestepEncoder(nn.Module):
                 start = np.asarray(space.start, dtype=np.int64).reshape(cast(tuple[int, ...], get_obs_shape(space)))
                 self._start_buffers[key] = f"obs_start_{i}"
                 self.register_buffer(self._start_buffers[key], th.as_tensor(start), persistent=False)
-        # Their one-hot sizes as Python ints: under torch.compile gymnasium's numpy sizes would be
-        # read as tensors, which inductor's C++ wrapper cannot turn back into sizes (a graph break).
-        self._one_hot_sizes = {key: one_hot_sizes(space) for key, space in self.obs_spaces.items() if one_hot_sizes(space)}
+        # Decided per space now: the update (maybe compiled) reads no numpy bounds or sizes.
+        self._preprocessors = {key: observation_preprocessor(space) for key, space in self.obs_spaces.items()}
+        self._expected_dtypes = {key: _expected_dtype(space) for key, space in self.obs_spaces.items()}
         extractor_kwargs = dict(features_extractor_kwargs or {})
         if features_extractor_class is None:
             features_extractor_class = AmagoExtractor
@@ -258,7 +274,7 @@ class TimestepEncoder(nn.Module):
                 raise ValueError(
                     f"Observation '{key}' ({space}): expected shape {accepted[0]} (B, L, *obs_shape), received {received}"
                 )
-            dtype_desc, dtype_ok = _expected_dtype(space)
+            dtype_desc, dtype_ok = self._expected_dtypes[key]
             if not dtype_ok(x.dtype):
                 raise ValueError(f"Observation '{key}' ({space}): expected {dtype_desc}, received dtype {x.dtype}")
             out[key] = x.reshape(batch, length, *shape)
@@ -305,9 +321,7 @@ class TimestepEncoder(nn.Module):
             x = th.where(real_rows.view(-1, *([1] * (x.dim() - 1))), x, th.zeros((), dtype=x.dtype, device=x.device))
             if key in self.obs_norms:
                 x = self.obs_norms[key](x, real_rows)
-            sizes = self._one_hot_sizes.get(key)
-            processed = one_hot(x, sizes) if sizes else preprocess_obs(x, self.obs_spaces[key])
-            assert isinstance(processed, th.Tensor), "a part of a flat Dict preprocesses to one tensor"
+            processed = self._preprocessors[key](x)
             flat[key] = processed.to(embedding_dtype)
         extractor_input = flat if isinstance(self.observation_space, spaces.Dict) else flat[OBS_KEY]
         features = self.features_extractor(extractor_input).reshape(batch, length, -1)  # (B, L, F)

@@ -3,6 +3,7 @@ window), sigma-reparameterisation, the timestep encoder, the action-input critic
 
 import copy
 import math
+import pickle
 from typing import cast
 
 import numpy as np
@@ -521,6 +522,26 @@ def test_observation_preprocessors_give_sb3s_values() -> None:
         expected = cast(th.Tensor, preprocess_obs(x, space))
         processed = observation_preprocessor(space)(x)
         assert processed.dtype == expected.dtype and th.equal(processed, expected), space
+
+
+def test_timestep_encoder_pickles_with_every_observation_kind() -> None:
+    """The per-space preprocessing and dtype checks the encoder keeps are picklable (plain pickle,
+    as multiprocessing and a user's ``pickle.dumps(model.policy)`` use), and survive the trip."""
+    space = spaces.Dict(
+        {
+            "d": spaces.Discrete(3, start=1),
+            "m": spaces.MultiDiscrete([2, 3]),
+            "b": spaces.MultiBinary(2),
+            "x": spaces.Box(-1, 1, (2,)),
+            "image": spaces.Box(0, 255, (3, 16, 16), dtype=np.uint8),
+        }
+    )
+    encoder = TimestepEncoder(space, spaces.Discrete(2), d_out=8, hidden_sizes=()).eval()
+    restored = pickle.loads(pickle.dumps(encoder))
+    obs = {key: th.as_tensor(np.stack([part.sample() for _ in range(6)])).view(2, 3, -1) for key, part in space.spaces.items()}
+    obs["d"], obs["image"] = obs["d"].view(2, 3), obs["image"].view(2, 3, 3, 16, 16)
+    args = (obs, th.zeros(2, 3, encoder.action_dim), th.arange(3).expand(2, 3), th.ones(2, 3, dtype=th.bool))
+    assert th.equal(restored(*args), encoder(*args))
 
 
 @pytest.mark.parametrize("negative_slope", [0.01, 0.0])

@@ -127,13 +127,26 @@ def _is_integer(dtype: th.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == th.bool)
 
 
+def _is_uint8(dtype: th.dtype) -> bool:
+    return dtype == th.uint8
+
+
+def _is_real(dtype: th.dtype) -> bool:
+    return not dtype.is_complex
+
+
+def _is_float_or_integer(dtype: th.dtype) -> bool:
+    return dtype.is_floating_point or _is_integer(dtype)
+
+
 def _expected_dtype(space: spaces.Space) -> tuple[str, Callable[[th.dtype], bool]]:
-    """A description of the accepted dtypes of one observation part and a predicate on ``th.dtype``."""
+    """A description of the accepted dtypes of one observation part and a predicate on ``th.dtype``
+    (module-level functions: the encoder keeps them, and pickles)."""
     if is_image_space(space):
-        return "uint8", lambda d: d == th.uint8
+        return "uint8", _is_uint8
     if isinstance(space, spaces.MultiBinary):
-        return "a bool, integer or float dtype", lambda d: not d.is_complex
-    return "an integer or float dtype", lambda d: d.is_floating_point or _is_integer(d)
+        return "a bool, integer or float dtype", _is_real
+    return "an integer or float dtype", _is_float_or_integer
 
 
 #: The key under which models saved by sb3-amago 0.1.0 before the key names were unified kept the

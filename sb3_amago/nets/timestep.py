@@ -245,7 +245,7 @@ class TimestepEncoder(nn.Module):
             extractor = extractor_class(self.observation_space, **kwargs)
             if images:
                 blank = {
-                    key: preprocess_obs(th.zeros((2, *get_obs_shape(space)), dtype=th.long), space)
+                    key: self._preprocessors[key](th.zeros((2, *get_obs_shape(space)), dtype=th.long))
                     for key, space in self.obs_spaces.items()
                 }
                 training = extractor.training

@@ -538,8 +538,10 @@ def test_timestep_encoder_pickles_with_every_observation_kind() -> None:
     )
     encoder = TimestepEncoder(space, spaces.Discrete(2), d_out=8, hidden_sizes=()).eval()
     restored = pickle.loads(pickle.dumps(encoder))
-    obs = {key: th.as_tensor(np.stack([part.sample() for _ in range(6)])).view(2, 3, -1) for key, part in space.spaces.items()}
-    obs["d"], obs["image"] = obs["d"].view(2, 3), obs["image"].view(2, 3, 3, 16, 16)
+    obs = {
+        key: th.as_tensor(np.stack([part.sample() for _ in range(6)])).view(2, 3, *part.shape)
+        for key, part in space.spaces.items()
+    }
     args = (obs, th.zeros(2, 3, encoder.action_dim), th.arange(3).expand(2, 3), th.ones(2, 3, dtype=th.bool))
     assert th.equal(restored(*args), encoder(*args))
 

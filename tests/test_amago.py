@@ -530,7 +530,7 @@ def test_sb3_style_policy_kwargs_reach_the_policy() -> None:
     env = PrevRewardWrapper(CountingEnv())
     model = tiny_model(env, policy_kwargs={**TINY, "n_critics": 2}, filter_clip=7.0)
     assert model.n_critics == 2 and model.policy.n_critics == 2
-    assert model.policy.critics(th.zeros(1, model.policy.traj_encoder.out_dim)).shape[1] == 2
+    assert model.policy.critics(th.zeros(1, model.policy.traj_encoder.out_dim, device=model.device)).shape[1] == 2
     assert model.loss_config.filter_clip == 7.0
     model = tiny_model(env, policy_kwargs={**TINY, "traj_encoder": GRUTrajEncoder, "traj_encoder_kwargs": {}})
     assert isinstance(model.policy.traj_encoder, GRUTrajEncoder)
@@ -1052,7 +1052,7 @@ def test_mixed_precision_warns_on_a_cpu_without_bf16_instructions(native: bool, 
     """Without AVX-512 BF16 or AMX, torch converts bf16 products in software (several times slower
     than fp32): training with mixed_precision says so and names the fix; with them it stays quiet."""
     monkeypatch.setattr("sb3_amago.precision.cpu_has_native_bf16", lambda: native)
-    model = tiny_model(PrevRewardWrapper(CountingEnv()), learning_starts=8, train_freq=8, mixed_precision=True)
+    model = tiny_model(PrevRewardWrapper(CountingEnv()), learning_starts=8, train_freq=8, mixed_precision=True, device="cpu")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.learn(16)

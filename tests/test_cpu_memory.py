@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
 
     th.set_num_threads(1)
     model = AMAGO("TransformerPolicy", make_vec_env("amago-TMaze100-v0", n_envs=2, seed=0), max_seq_len=101, batch_size=8,
-                  learning_starts=10**9, seed=0,
+                  learning_starts=10**9, seed=0, device="cpu",
                   policy_kwargs={"traj_encoder_kwargs": {"d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 1}})
     model.learn(400)
     model.train(gradient_steps=3, batch_size=8)

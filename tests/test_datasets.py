@@ -226,8 +226,8 @@ def test_minari_dataset_to_replay_windows_equal_the_episodes() -> None:
     for seed in range(3):
         np.random.seed(seed)
         batch = model.replay_buffer.sample(16)
-        obs, prev_reward = batch.observations["observation"].numpy(), batch.observations[PREV_REWARD_KEY].numpy()
-        for b, i in zip(*np.nonzero(batch.real.numpy())):
+        obs, prev_reward = batch.observations["observation"].cpu().numpy(), batch.observations[PREV_REWARD_KEY].cpu().numpy()
+        for b, i in zip(*np.nonzero(batch.real.cpu().numpy())):
             mark, t = int(obs[b, i, 0]), int(obs[b, i, 1])
             episode = episodes[mark]
             n = len(episode["rewards"])
@@ -337,10 +337,9 @@ def test_protected_share_of_each_batch() -> None:
         batch = model.replay_buffer.sample(8)
         marks = batch.observations["observation"][:, 0, 0]
         assert int((marks >= 1000).sum()) == 2, "a quarter of each batch"
-        real = batch.real.numpy()
+        real, t = batch.real.cpu().numpy(), batch.time_idx.cpu().numpy()
         assert (np.sort(real, axis=1)[:, ::-1] == real).all(), "real steps are a prefix of each window"
-        assert (batch.observations["observation"].numpy()[~real] == 0).all() and (batch.time_idx.numpy()[~real] == 0).all()
-        t = batch.time_idx.numpy()
+        assert (batch.observations["observation"].cpu().numpy()[~real] == 0).all() and (t[~real] == 0).all()
         assert all((np.diff(t[b, real[b]]) == 1).all() for b in range(8)), "consecutive steps of one rollout"
     # Without a share, rollouts are drawn alike: over many batches the protected share is their share of rollouts.
     alike = marked_model(buffer_size=200, learning_starts=10_000)

@@ -53,13 +53,13 @@ def check_windows(batch: TrajectoryBatch, ends: dict[int, tuple[int, bool]]) -> 
     """Every real step of every window comes from one episode of one env, in order, with the
     episode's own time index; a window reaching an episode's end flags it as ``ends[env]`` says
     (length, truncated)."""
-    obs, real = batch.observations.numpy(), batch.real.numpy()
+    obs, real = batch.observations.cpu().numpy(), batch.real.cpu().numpy()
     for b in range(len(obs)):
         steps = obs[b, real[b]]  # (real steps, 3)
         assert len(steps) > 0
         assert (steps[:, :2] == steps[0, :2]).all(), "a window mixes envs or episodes"
         assert (np.diff(steps[:, 2]) == 1).all(), "a window skips or repeats steps"
-        assert (batch.time_idx[b, real[b]].numpy() == steps[:, 2]).all()
+        assert (batch.time_idx[b, real[b]].cpu().numpy() == steps[:, 2]).all()
         length, truncated = ends[int(steps[0, 0])]
         last = int(np.flatnonzero(real[b])[-1])
         at_end = steps[-1, 2] == length
@@ -111,7 +111,7 @@ def test_one_env_ending_every_step_beside_longer_ones() -> None:
         """Each env's context time index just after acting (the step's time index + 1)."""
 
         def _on_step(self) -> bool:
-            next_times.append(model._collect_state.time_idx.numpy().copy())
+            next_times.append(model._collect_state.time_idx.cpu().numpy().copy())
             return True
 
     model.learn(120, callback=RecordTimes())  # 40 steps of each env
@@ -167,7 +167,7 @@ def assert_usable_after_interrupt(model: AMAGO, tmp_path) -> None:
     assert model.num_timesteps >= steps + 10
     assert model.replay_buffer.num_rollouts() == rollouts + 1, "the interrupted rollout must not be continued"
     batch = model.replay_buffer.sample(16)
-    assert (np.diff(batch.observations[..., 0].numpy(), axis=1)[batch.real[:, 1:].numpy()] == 1).all()
+    assert (np.diff(batch.observations[..., 0].cpu().numpy(), axis=1)[batch.real[:, 1:].cpu().numpy()] == 1).all()
 
 
 def test_keyboard_interrupt_during_collection_keeps_saves_and_model(tmp_path) -> None:

@@ -212,7 +212,7 @@ def test_mixed_precision_keeps_the_loss_in_full_precision(action_space: str, mon
 
     monkeypatch.setattr("sb3_amago.loss.td_target", recording_td_target)
     batch = model.replay_buffer.sample(4)
-    with th.autocast("cpu", dtype=th.bfloat16):
+    with th.autocast(model.device.type, dtype=th.bfloat16):
         states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
         target = target_values(policy, batch, states, LossConfig())
         actor_out = policy.actor(states)
@@ -439,8 +439,8 @@ def test_padding_positions_do_not_change_the_loss(counting_model: AMAGO) -> None
 
 def test_discrete_critic_expectation_is_exact() -> None:
     policy = filled_model(PrevRewardWrapper(CountingEnv()), steps=8).policy
-    state = th.randn(2, 3, policy.traj_encoder.out_dim)
-    probs = th.softmax(th.randn(2, 3, len(policy.gammas), 3), -1)
+    state = th.randn(2, 3, policy.traj_encoder.out_dim, device=policy.device)
+    probs = th.softmax(th.randn(2, 3, len(policy.gammas), 3, device=policy.device), -1)
     q_all = policy.critics(state)  # (B, L, C, G, n)
     expected = (q_all * probs.unsqueeze(2)).sum(-1)
     th.testing.assert_close(policy.action_type.critic_values(policy.critics, state, probs), expected)

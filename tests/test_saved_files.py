@@ -38,9 +38,9 @@ def test_version_1_replay_loads_with_the_same_rollouts_and_samples(expected: dic
     for name, value in expected["batch"].items():
         if isinstance(value, dict):
             for key in value:
-                assert th.equal(batch[name][key], value[key]), (name, key)
+                assert th.equal(batch[name][key].cpu(), value[key]), (name, key)
         else:
-            assert th.equal(batch[name], value), name
+            assert th.equal(batch[name].cpu(), value), name
 
 
 def test_version_1_model_resumes_its_exploration_and_acts_as_saved(expected: dict) -> None:

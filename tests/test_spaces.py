@@ -154,8 +154,8 @@ def test_discrete_start_offsets_reach_the_same_one_hot_codes() -> None:
         got, _ = shifted.policy.predict(np.array(value), deterministic=True)
         assert got == expected
     with th.no_grad():
-        a = shifted.policy.observe(th.tensor([[-2], [1]]), shifted.policy.initial_state(2))[0]
-        b = plain.policy.observe(th.tensor([[0], [3]]), plain.policy.initial_state(2))[0]
+        a = shifted.policy.observe(th.tensor([[-2], [1]], device=shifted.device), shifted.policy.initial_state(2))[0]
+        b = plain.policy.observe(th.tensor([[0], [3]], device=plain.device), plain.policy.initial_state(2))[0]
     assert all(th.equal(x, y) for x, y in zip(a, b, strict=True))
 
 

@@ -6,7 +6,8 @@ of the batches and all ranks keep identical parameters.
 Launch an ordinary script with ``torchrun --nproc_per_node N script.py`` and build the model with
 ``AMAGO(..., distributed=True)``; the process group comes from torchrun's environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), with ``gloo`` on CPU and
-``nccl`` on GPUs, unless the script initialised one itself.
+``nccl`` on GPUs (``gloo`` too where a node runs more ranks than it has GPUs), unless the script
+initialised one itself.
 
 Everything that differs under ``distributed=True`` is a method of :class:`DataParallel`; AMAGO
 calls the same methods of :class:`SingleProcess` otherwise, where each does nothing.
@@ -37,6 +38,12 @@ def rank_device(device: th.device) -> th.device:
         return device
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
     return th.device("cuda", local_rank % max(1, th.cuda.device_count()))
+
+
+def gpus_shared() -> bool:
+    """Whether this node runs more ranks than it has GPUs, so that some share one: NCCL refuses two
+    ranks on one GPU, gloo (through host memory) does not."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > th.cuda.device_count()
 
 
 class SingleProcess:
@@ -78,7 +85,8 @@ class DataParallel(SingleProcess):
     """This process's place in the process group and the collectives the training step needs.
 
     Joins the process group already initialised by the script, or initialises one from torchrun's
-    environment (``nccl`` for a CUDA device, else ``gloo``, with :data:`DEFAULT_TIMEOUT`).
+    environment (``nccl`` for a CUDA device with a GPU to each of the node's ranks, else ``gloo``,
+    with :data:`DEFAULT_TIMEOUT`).
 
     :param device: the model's device; ``cuda`` without an index is mapped to the rank's GPU
     """
@@ -97,7 +105,7 @@ class DataParallel(SingleProcess):
                     "MASTER_PORT), call torch.distributed.init_process_group() before building the model, or drop "
                     "distributed=True to train in one process."
                 )
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            backend = "nccl" if self.device.type == "cuda" and not gpus_shared() else "gloo"
             dist.init_process_group(backend=backend, timeout=DEFAULT_TIMEOUT)
             atexit.register(dist.destroy_process_group)
         self.rank = dist.get_rank()

@@ -17,6 +17,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from test_amago import CountingEnv, tiny_model
 
 from sb3_amago import AMAGO
+from sb3_amago.distributed import gpus_shared
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +122,15 @@ def test_distributed_without_a_process_group_names_the_launch_command(monkeypatc
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
         tiny_model(CountingEnv(), distributed=True)
+
+
+def test_ranks_sharing_a_gpu_talk_through_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL refuses two ranks on one GPU: a node with more ranks than GPUs takes gloo."""
+    monkeypatch.setattr(th.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert gpus_shared()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert not gpus_shared()
 
 
 def test_distributed_refuses_episode_based_collection(tmp_path: Path) -> None:

@@ -353,7 +353,11 @@ class AMAGO(OffPolicyAlgorithm):
         # critic picks, sampled actions) come from torch's generator as in eager code, so a seed
         # gives the eager update's values. On the CPU, the C++ wrapper launches the compiled kernels
         # without Python between them: ~1 ms of a 33 ms update at L = 64, for ~10% more compile time.
+        # On CUDA, inductor's tiling analysis for coalesced loads fails an assertion on this
+        # dynamic-shape graph (torch 2.11), so it is off there.
         options = {"fallback_random": True, "cpp_wrapper": self.device.type == "cpu"}
+        if self.device.type == "cuda":
+            options["triton.coalesce_tiling_analysis"] = False
         compiled = functools.partial(th.compile, dynamic=True, options=options) if self.compile_model else (lambda fn: fn)
         self._encode = compiled(self.policy.encode)
         self._target_values = compiled(target_values)

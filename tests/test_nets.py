@@ -297,6 +297,20 @@ def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast() -> None:
     assert out.dtype == th.bfloat16 and out.isfinite().all()
 
 
+@pytest.mark.skipif(not th.cuda.is_available(), reason="needs a GPU")
+def test_cuda_training_attention_keeps_off_cudnn() -> None:
+    # torch picks cuDNN attention for bf16 on Hopper, at milliseconds of host time a call for this
+    # model's small heads: the encoder's forward and backward run torch's own kernels instead.
+    encoder = make_encoder("transformer").train().cuda()
+    x = th.randn(2, 6, D_IN, device="cuda")
+    time_idx, mask = th.arange(6, device="cuda").repeat(2, 1), th.ones(2, 6, dtype=th.bool, device="cuda")
+    with th.profiler.profile(activities=[th.profiler.ProfilerActivity.CPU]) as prof, th.autocast("cuda", dtype=th.bfloat16):
+        encoder(x, time_idx, mask).float().sum().backward()
+    names = [event.key for event in prof.key_averages()]
+    assert any("scaled_dot_product" in name for name in names)
+    assert not any("cudnn_attention" in name for name in names), names
+
+
 def test_transformer_errors() -> None:
     encoder = make_encoder("transformer", max_seq_len=4)
     with pytest.raises(ValueError, match=r"length 5 exceeds max_seq_len=4"):

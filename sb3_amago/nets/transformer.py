@@ -32,12 +32,27 @@ from typing import cast
 import torch as th
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
 from sb3_amago.nets.dropout import FastDropout
 from sb3_amago.nets.rotary import Rotary, apply_rotary, tables
 from sb3_amago.nets.sigma_reparam import make_linear
+
+#: Attention kernels allowed on CUDA: torch's own, less cuDNN's. In bf16 torch 2.11 picks cuDNN
+#: attention on an H200, which took ~5 ms of host time per forward call and ~3.6 ms per backward at
+#: this model's sizes (8 x 8 heads x 257 x 16; torch.profiler), more than half of an update.
+CUDA_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, **kwargs) -> th.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, **kwargs)``, on CUDA with :data:`CUDA_ATTENTION_BACKENDS` only."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with sdpa_kernel(CUDA_ATTENTION_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
 
 #: Position schemes: added to the layer-0 input ("sinusoidal", "learnable"), rotating queries and keys
 #: in every layer ("rotary", relative: attention sees only the offset between two steps), or none.
@@ -140,9 +155,9 @@ class TransformerBlock(nn.Module):
             # sizes, and attention is a small share of the FLOPs: it runs in fp32. Autocast would
             # cast fp32 inputs straight back to bf16, so it is off for the call.
             with th.autocast("cpu", enabled=False):
-                attn = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+                attn = attention(q.float(), k.float(), v.float(), is_causal=True)
             return self._finish(x, attn.to(q.dtype))
-        return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return self._finish(x, attention(q, k, v, is_causal=True))
 
     def step(
         self, x: th.Tensor, keys: th.Tensor, values: th.Tensor, slot: th.Tensor, filled: th.Tensor, rotary: Rotary
@@ -162,7 +177,7 @@ class TransformerBlock(nn.Module):
         keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
         values[envs, :, slot] = v[:, :, 0].to(values.dtype)
         width = filled.shape[1]
-        attn = F.scaled_dot_product_attention(
+        attn = attention(
             q,
             keys[:, :, :width].to(q.dtype),
             values[:, :, :width].to(q.dtype),

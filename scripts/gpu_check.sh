@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, which CI has not: the GPU update rates (bench_updates.py
-# --device cuda, written to benchmarks/results/updates_cuda.*), then the test suite with every model
+# --device cuda, written to benchmarks/results/updates_cuda.* and copied beside the logs), then the test suite with every model
 # on the GPU (SB3's device="auto" picks it). Logs go to OUT_DIR (default gpu_check/); arguments after
 # it go to pytest (e.g. `-n 12` with pytest-xdist installed). Timings first, while the GPU is idle.
 #
@@ -15,6 +15,7 @@ mkdir -p "$out"
 "$PY" -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" | tee "$out/device.txt"
 (cd benchmarks && "$PY" bench_updates.py --device cuda) 2>&1 | tee "$out/bench.log"
 bench=$?
+cp benchmarks/results/updates_cuda.* "$out/" 2>/dev/null
 # -v: each test's outcome is in the log as it finishes, also when a time limit stops the run.
 "$PY" -m pytest tests -v -rf -p no:cacheprovider "$@" > "$out/pytest.log" 2>&1
 tests=$?

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, which CI has not: the GPU update rates (bench_updates.py
-# --device cuda, written to benchmarks/results/updates_cuda.* and copied beside the logs), then the test suite with every model
-# on the GPU (SB3's device="auto" picks it). Logs go to OUT_DIR (default gpu_check/); arguments after
-# it go to pytest (e.g. `-n 12` with pytest-xdist installed). Timings first, while the GPU is idle.
+# --device cuda, written to benchmarks/results/updates_cuda.* and copied beside the logs), then the
+# test suite with every model on the GPU (SB3's device="auto" picks it). Logs go to OUT_DIR (default
+# gpu_check/); arguments after it go to pytest (e.g. `-n 12` with pytest-xdist installed). Timings
+# first, while the GPU is idle.
 #
 #     bash scripts/gpu_check.sh gpu_check -n 12
 set -uo pipefail

@@ -28,7 +28,7 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
     python benchmarks/bench_updates.py --threads 2            # full run, writes benchmarks/results/updates.*
     python benchmarks/bench_updates.py --threads 2 --quick    # a smoke run into updates_quick.*
     python benchmarks/bench_updates.py --device cuda          # on a GPU, also L = 1,024 and the compiled
-                                                              # sequence model: updates_cuda.*
+                                                              # update: updates_cuda.*
 """
 
 import argparse
@@ -398,14 +398,15 @@ def main() -> None:
 
 def gpu_figures(threads: int, n: int) -> None:
     """Updates per second on the GPU at L = 64, 256 and 1,024 in fp32 and bf16 autocast, and at L = 256
-    with the compiled sequence model too (``updates_cuda.*``)."""
+    with the compiled update too, in both (``updates_cuda.*``)."""
     figures: dict[str, dict] = {}
-    modes = {"fp32": (False, False), "bf16": (True, False), "bf16_compiled": (True, True)}
+    modes = {"fp32": (False, False), "bf16": (True, False), "fp32_compiled": (False, True), "bf16_compiled": (True, True)}
     for length, label in [
         (64, "fp32"),
         (64, "bf16"),
         (256, "fp32"),
         (256, "bf16"),
+        (256, "fp32_compiled"),
         (256, "bf16_compiled"),
         (1024, "fp32"),
         (1024, "bf16"),

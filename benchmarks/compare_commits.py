@@ -11,16 +11,27 @@ of the per-round ratios are reported, with the load average beside every figure.
     python benchmarks/compare_commits.py --base HEAD~1 --precision bf16 --name compare_commits_bf16
     python benchmarks/compare_commits.py --base b580c91 --precision bf16 --base-precision fp32   # bf16 against an fp32 base
     python benchmarks/compare_commits.py --base b580c91 --compile   # the working tree with compile_model=True
+    python benchmarks/compare_commits.py --base b580c91 --compile --bound   # and the most it could gain
+
+``--bound`` adds, per window length, the working tree's own floor measured after the rounds in one
+more fresh process (``bench_updates.roofline`` at its precision and compile setting): its matrix
+products (attention kernels included) replayed alone at the update's shapes, plus its overhead floor
+(the same update at width 8). The base's median update time over that sum is the speedup the working
+tree could reach with every other operator of its update free (elementwise work, norms, masks, the
+loss's small tensors): a ratio above it needs fewer FLOPs, a faster matrix rate (another precision)
+or a smaller fixed cost per update, not faster elementwise code.
 
 Results: ``benchmarks/results/compare_commits.json`` / ``.md`` (``--name`` changes the file name).
 """
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from common import REPO, RESULTS_DIR, git_worktree, short_commit, write_results
 
@@ -29,6 +40,13 @@ import sys, torch as th
 th.set_num_threads(int(sys.argv[1]))
 from bench_updates import updates_per_second
 print(updates_per_second(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16", compile_model=sys.argv[5] == "1"))
+"""
+
+BOUND = """
+import json, sys, torch as th
+th.set_num_threads(int(sys.argv[1]))
+from bench_updates import roofline
+print(json.dumps(roofline(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sys.argv[4] == "bf16", compile_model=sys.argv[5] == "1")))
 """
 
 
@@ -40,20 +58,39 @@ def measure(
     precision: str = "fp32",
     extra_env: dict[str, str] | None = None,
     compile_model: bool = False,
-) -> float:
-    """Updates/s of the package in ``tree``, in a fresh process that imports it from there
-    (``precision`` ``"bf16"``: under bf16 autocast; ``extra_env``: more environment variables;
-    ``compile_model``: the update's forward compiled)."""
+    script: str = MEASURE,
+) -> str:
+    """What ``script`` (default: updates/s) prints last for the package in ``tree``, in a fresh
+    process that imports it from there (``precision`` ``"bf16"``: under bf16 autocast;
+    ``extra_env``: more environment variables; ``compile_model``: the update's forward compiled)."""
     env = {**os.environ, "PYTHONPATH": str(tree), **(extra_env or {})}
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates), precision, str(int(compile_model))],
+        [sys.executable, "-c", script, str(threads), str(length), str(updates), precision, str(int(compile_model))],
         cwd=tree / "benchmarks",
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    return out.stdout.strip().splitlines()[-1]
+
+
+def bound(args: argparse.Namespace, length: int, precision: str, base_updates_per_s: float) -> dict[str, Any]:
+    """The ``--bound`` figure at ``length``: the base's median update time over the working tree's
+    matrix replay plus overhead floor, measured now in a fresh process."""
+    load = load_average()
+    floor = json.loads(measure(REPO, args.threads, length, args.updates, precision, compile_model=args.compile, script=BOUND))
+    base_ms = 1e3 / base_updates_per_s
+    return {
+        "value": base_ms / (floor["matrix_ms"] + floor["overhead_floor_ms"]),
+        "unit": "x (base's median update time over the new side's matrix replay + overhead floor)",
+        "base_median_update_ms": round(base_ms, 2),
+        "matrix_ms": round(floor["matrix_ms"], 2),
+        "overhead_floor_ms": round(floor["overhead_floor_ms"], 2),
+        "new_update_ms_same_process": round(floor["update_ms"], 2),
+        "gflop_per_update": round(floor["gflop_per_update"], 3),
+        "load_average": round(load, 2),
+    }
 
 
 def load_average() -> float:
@@ -74,6 +111,9 @@ def main() -> None:
         "--base-precision", choices=["fp32", "bf16"], default=None, help="the base's precision (default: --precision)"
     )
     parser.add_argument("--compile", action="store_true", help="the working tree with compile_model=True (the base eager)")
+    parser.add_argument(
+        "--bound", action="store_true", help="also the working tree's matrix replay + overhead floor (see the docstring)"
+    )
     parser.add_argument("--name", default="compare_commits")
     args = parser.parse_args()
     base_commit = short_commit(args.base)
@@ -88,7 +128,7 @@ def main() -> None:
                     loads.append(load_average())
                     compiled = args.compile and side == "new"
                     sides[side].append(
-                        measure(tree, args.threads, length, args.updates, precision[side], compile_model=compiled)
+                        float(measure(tree, args.threads, length, args.updates, precision[side], compile_model=compiled))
                     )
                     print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
             ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
@@ -102,6 +142,9 @@ def main() -> None:
                 "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
             }
             print(f"L={length}: {figures[f'speedup_L{length}']}")
+            if args.bound:
+                figures[f"speedup_bound_L{length}"] = bound(args, length, precision["new"], statistics.median(sides["base"]))
+                print(f"L={length} bound: {figures[f'speedup_bound_L{length}']}")
     config = {
         "base": base_commit,
         "threads": args.threads,
@@ -110,6 +153,7 @@ def main() -> None:
         "precision": precision["new"],
         "base_precision": precision["base"],
         "compile_model": args.compile,
+        "bound": args.bound,
     }
     write_results(args.name, config, figures, RESULTS_DIR)
 

@@ -41,9 +41,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for name, (precision, isa) in SETTINGS.items():
             loads.append(os.getloadavg()[0])
-            runs[name].append(
-                float(measure(REPO, args.threads, args.length, args.updates, precision, {"ONEDNN_MAX_CPU_ISA": isa}))
-            )
+            runs[name].append(measure(REPO, args.threads, args.length, args.updates, precision, {"ONEDNN_MAX_CPU_ISA": isa}))
             print(f"round {round_ + 1} {name}: {runs[name][-1]:.2f} updates/s (load {loads[-1]:.2f})", flush=True)
     fp32 = statistics.median(runs["fp32"])
     figures = {

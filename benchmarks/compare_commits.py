@@ -50,7 +50,8 @@ print(json.dumps(roofline(int(sys.argv[2]), int(sys.argv[3]), mixed_precision=sy
 """
 
 
-def measure(
+def run_script(
+    script: str,
     tree: Path,
     threads: int,
     length: int,
@@ -58,11 +59,11 @@ def measure(
     precision: str = "fp32",
     extra_env: dict[str, str] | None = None,
     compile_model: bool = False,
-    script: str = MEASURE,
 ) -> str:
-    """What ``script`` (default: updates/s) prints last for the package in ``tree``, in a fresh
-    process that imports it from there (``precision`` ``"bf16"``: under bf16 autocast;
-    ``extra_env``: more environment variables; ``compile_model``: the update's forward compiled)."""
+    """The last line ``script`` prints for the package in ``tree``, run in a fresh process that
+    imports it from there with the arguments ``threads length updates precision compile_model``
+    (``precision`` ``"bf16"``: under bf16 autocast; ``extra_env``: more environment variables;
+    ``compile_model``: the update's forward compiled)."""
     env = {**os.environ, "PYTHONPATH": str(tree), **(extra_env or {})}
     out = subprocess.run(
         [sys.executable, "-c", script, str(threads), str(length), str(updates), precision, str(int(compile_model))],
@@ -75,11 +76,24 @@ def measure(
     return out.stdout.strip().splitlines()[-1]
 
 
+def measure(
+    tree: Path,
+    threads: int,
+    length: int,
+    updates: int,
+    precision: str = "fp32",
+    extra_env: dict[str, str] | None = None,
+    compile_model: bool = False,
+) -> float:
+    """Updates/s of the package in ``tree``, in a fresh process (see :func:`run_script`)."""
+    return float(run_script(MEASURE, tree, threads, length, updates, precision, extra_env, compile_model))
+
+
 def bound(args: argparse.Namespace, length: int, precision: str, base_updates_per_s: float) -> dict[str, Any]:
     """The ``--bound`` figure at ``length``: the base's median update time over the working tree's
     matrix replay plus overhead floor, measured now in a fresh process."""
     load = load_average()
-    floor = json.loads(measure(REPO, args.threads, length, args.updates, precision, compile_model=args.compile, script=BOUND))
+    floor = json.loads(run_script(BOUND, REPO, args.threads, length, args.updates, precision, compile_model=args.compile))
     base_ms = 1e3 / base_updates_per_s
     return {
         "value": base_ms / (floor["matrix_ms"] + floor["overhead_floor_ms"]),
@@ -128,7 +142,7 @@ def main() -> None:
                     loads.append(load_average())
                     compiled = args.compile and side == "new"
                     sides[side].append(
-                        float(measure(tree, args.threads, length, args.updates, precision[side], compile_model=compiled))
+                        measure(tree, args.threads, length, args.updates, precision[side], compile_model=compiled)
                     )
                     print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
             ratios = [new / base for base, new in zip(sides["base"], sides["new"])]

@@ -15,11 +15,11 @@ import compare_commits
 def test_bound_divides_the_base_update_by_the_new_sides_matrix_replay_and_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def fake_measure(tree, threads, length, updates, precision="fp32", extra_env=None, compile_model=False, script=""):
+    def fake_run_script(script, tree, threads, length, updates, precision="fp32", extra_env=None, compile_model=False):
         calls.append((tree, threads, length, updates, precision, compile_model, script))
         return json.dumps({"matrix_ms": 30.0, "overhead_floor_ms": 10.0, "update_ms": 45.0, "gflop_per_update": 5.3})
 
-    monkeypatch.setattr(compare_commits, "measure", fake_measure)
+    monkeypatch.setattr(compare_commits, "run_script", fake_run_script)
     args = argparse.Namespace(threads=2, updates=7, compile=True)
     figure = compare_commits.bound(args, length=64, precision="bf16", base_updates_per_s=12.5)  # 80 ms an update
     assert figure["value"] == pytest.approx(80.0 / 40.0)
@@ -31,5 +31,5 @@ def test_bound_divides_the_base_update_by_the_new_sides_matrix_replay_and_floor(
 
 
 def test_bound_script_reports_what_the_figure_reads() -> None:
-    out = json.loads(compare_commits.measure(compare_commits.REPO, 1, 8, 1, script=compare_commits.BOUND))
+    out = json.loads(compare_commits.run_script(compare_commits.BOUND, compare_commits.REPO, 1, 8, 1))
     assert out["matrix_ms"] > 0 and out["overhead_floor_ms"] > 0 and out["update_ms"] > 0 and out["gflop_per_update"] > 0

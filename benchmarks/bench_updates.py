@@ -10,7 +10,7 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
   the update's matrix work costs at its own shapes on this machine (the attainable rate, the
   update's FLOPs over that time); its share of an update's time is the roofline share, and the rest
   is time outside matrix products (elementwise ops, the optimizer, Python). The machine's peak, a
-  2,048-cubed product, is given beside it, in bf16 too where the CPU has bf16 instructions; where
+  2,048-cubed product by the library the layers use (``sb3_amago.nets.cpu_matmul``), is given beside it, in bf16 too where the CPU has bf16 instructions; where
   it has them, the update under bf16 autocast gets its own roofline. Each is given for the
   compiled update too (``compile_model=True``, ``_compiled`` in the figure's name), against the
   same products.
@@ -49,6 +49,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from sb3_amago import AMAGO
+from sb3_amago.nets.cpu_matmul import ONEDNN, linear
 from sb3_amago.precision import cpu_has_native_bf16
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.
@@ -81,6 +82,7 @@ MATRIX_OPS = {
     aten.baddbmm.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    th.ops.sb3_amago.onednn_linear.default,  # fp32 products on oneDNN (sb3_amago.nets.cpu_matmul)
 }
 
 
@@ -231,10 +233,11 @@ def replay_seconds(calls: list[tuple[Any, tuple, dict]], repeats: int) -> float:
 
 
 def peak_gemm_flops(dtype: th.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a ``size``-cubed matrix product in ``dtype`` (best of ``repeats``)."""
+    """FLOP/s of a ``size``-cubed matrix product in ``dtype`` (best of ``repeats``), by the library the
+    package's layers use (:func:`sb3_amago.nets.cpu_matmul.linear`)."""
     a, b = th.randn(size, size).to(dtype), th.randn(size, size).to(dtype)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    linear(a, b)
+    best = min(_timed(lambda: linear(a, b)) for _ in range(repeats))
     return 2 * size**3 / best
 
 
@@ -348,7 +351,13 @@ def main() -> None:
     for dtype in (th.float32, th.bfloat16) if cpu_has_native_bf16() else (th.float32,):
         name = str(dtype).removeprefix("torch.")
         peak = peak_gemm_flops(dtype)
-        figures[f"peak_gemm_{name}"] = {"value": peak / 1e9, "unit": "GFLOP/s", "size": "2048 x 2048 x 2048"}
+        library = "onednn" if ONEDNN or dtype != th.float32 else "blas"  # sb3_amago.nets.cpu_matmul
+        figures[f"peak_gemm_{name}"] = {
+            "value": peak / 1e9,
+            "unit": "GFLOP/s",
+            "size": "2048 x 2048 x 2048",
+            "library": library,
+        }
         print(f"peak {name} GEMM: {peak / 1e9:.0f} GFLOP/s")
     for length in (64, 256):
         ups = updates_per_second(length, n)

@@ -7,6 +7,7 @@ from torch import nn
 
 from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
+from sb3_amago.nets.cpu_matmul import Linear
 
 
 @dataclass
@@ -30,7 +31,7 @@ class FFTrajEncoder(TrajEncoder):
         if n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {n_layers}")
         self.d_hidden = d_hidden
-        self.layers = nn.ModuleList(nn.Linear(d_in if i == 0 else d_hidden, d_hidden) for i in range(n_layers))
+        self.layers = nn.ModuleList(Linear(d_in if i == 0 else d_hidden, d_hidden) for i in range(n_layers))
         self.out_norm = nn.LayerNorm(d_hidden)
 
     @property

@@ -14,6 +14,7 @@ import torch as th
 from torch import nn
 
 from sb3_amago.nets.activations import LeakyReLU
+from sb3_amago.nets.cpu_matmul import Linear, ensemble_linear
 
 if TYPE_CHECKING:
     from sb3_amago.distributions import ActionType
@@ -47,7 +48,7 @@ class EnsembleLinear(nn.Module):
         self.bias = nn.Parameter(th.empty(n_members, 1, out_features).uniform_(-bound, bound))
 
     def forward(self, x: th.Tensor) -> th.Tensor:
-        return th.baddbmm(self.bias, x, self.weight)
+        return ensemble_linear(x, self.weight, self.bias)
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | None = None) -> nn.Sequential:
@@ -55,7 +56,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | Non
     sizes = (in_dim, *hidden, out_dim)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(itertools.pairwise(sizes)):
-        layers.append(nn.Linear(a, b) if n_members is None else EnsembleLinear(n_members, a, b))
+        layers.append(Linear(a, b) if n_members is None else EnsembleLinear(n_members, a, b))
         if i < len(sizes) - 2:
             layers.append(LeakyReLU())
     return nn.Sequential(*layers)
@@ -135,12 +136,12 @@ class ActionInputCritics(CriticEnsemble):
         lead, d_state = state.shape[:-1], state.shape[-1]
         first, rest = self.net[0], self.net[1:]
         assert isinstance(first, EnsembleLinear)
-        per_step = th.baddbmm(
-            first.bias, state.reshape(1, -1, d_state).expand(self.n_critics, -1, -1), first.weight[:, :d_state]
+        per_step = ensemble_linear(
+            state.reshape(1, -1, d_state).expand(self.n_critics, -1, -1), first.weight[:, :d_state], first.bias
         )
         gfeat = self.gamma_feat.to(state.dtype).expand(*lead, self.n_gammas, 1)
         per_gamma = th.cat([gfeat, action], dim=-1).reshape(1, -1, 1 + self.encoded_dim)  # (1, N * G, 1 + A)
-        per_gamma = th.bmm(per_gamma.expand(self.n_critics, -1, -1), first.weight[:, d_state:])  # (C, N * G, H)
+        per_gamma = ensemble_linear(per_gamma.expand(self.n_critics, -1, -1), first.weight[:, d_state:])  # (C, N * G, H)
         hidden = per_step.unsqueeze(2) + per_gamma.view(self.n_critics, -1, self.n_gammas, per_gamma.shape[-1])
         out = rest(hidden.view(self.n_critics, -1, hidden.shape[-1]))
         out = full_precision(out, self.net).view(self.n_critics, *lead, self.n_gammas)

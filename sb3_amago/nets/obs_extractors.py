@@ -20,6 +20,7 @@ from torch import nn
 
 from sb3_amago.keys import INSTRUCTION_KEY, OBS_KEY
 from sb3_amago.nets.activations import LeakyReLU, leaky_relu
+from sb3_amago.nets.cpu_matmul import Linear
 
 CNN_TYPES = ("auto", "nature", "impala", "small")
 # SB3's NatureCNN (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 convolutions) needs this many pixels per side.
@@ -82,7 +83,7 @@ class ImpalaCNN(BaseFeaturesExtractor):
         self.cnn = nn.Sequential(*layers, LeakyReLU(0.0), nn.Flatten())
         with th.no_grad():
             n_flatten = self.cnn(th.zeros(1, *observation_space.shape)).shape[1]
-        self.linear = nn.Sequential(nn.Linear(n_flatten, features_dim), LeakyReLU(0.0))
+        self.linear = nn.Sequential(Linear(n_flatten, features_dim), LeakyReLU(0.0))
 
     def forward(self, observations: th.Tensor) -> th.Tensor:
         """``(B, C, H, W)`` -> ``(B, features_dim)``"""
@@ -110,7 +111,7 @@ class SmallImageCNN(BaseFeaturesExtractor):
             in_channels = out_channels
         grid = (min(height, SMALL_CNN_MAX_GRID), min(width, SMALL_CNN_MAX_GRID))
         self.cnn = nn.Sequential(*layers, nn.AdaptiveMaxPool2d(grid), nn.Flatten())
-        self.linear = nn.Sequential(nn.Linear(in_channels * grid[0] * grid[1], features_dim), LeakyReLU(0.0))
+        self.linear = nn.Sequential(Linear(in_channels * grid[0] * grid[1], features_dim), LeakyReLU(0.0))
 
     def forward(self, observations: th.Tensor) -> th.Tensor:
         """``(B, C, H, W)`` -> ``(B, features_dim)``"""
@@ -189,7 +190,7 @@ class InstructionEncoder(nn.Module):
         if summary == "gru":
             self.summary: nn.Module = nn.GRU(token_dim, features_dim, batch_first=True)
         else:
-            self.summary = nn.Sequential(nn.Linear(len(self.nvec) * token_dim, features_dim), LeakyReLU())
+            self.summary = nn.Sequential(Linear(len(self.nvec) * token_dim, features_dim), LeakyReLU())
         self.features_dim = features_dim
 
     def forward(self, one_hot: th.Tensor) -> th.Tensor:

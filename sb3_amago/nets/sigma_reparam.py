@@ -13,6 +13,8 @@ import torch as th
 from torch import nn
 from torch.nn import functional as F
 
+from sb3_amago.nets.cpu_matmul import Linear, linear
+
 # Power-iteration steps run once at construction so that ``sigma`` starts near its true value.
 _INIT_POWER_STEPS = 30
 _EPS = 1e-12
@@ -73,7 +75,7 @@ class SigmaReparamLinear(nn.Module):
         if self.training:
             self._power_step()
         scale = (self.gain / self.sigma()).to(self.weight.dtype)  # 0-dim
-        return F.linear(x, self.weight * scale, self.bias)
+        return linear(x, self.weight * scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -85,7 +87,7 @@ def _full_precision(tensor: th.Tensor) -> th.autocast:
 
 
 def make_linear(in_features: int, out_features: int, sigma_reparam: bool, bias: bool = True) -> nn.Module:
-    """A :class:`SigmaReparamLinear` if ``sigma_reparam`` else a plain ``nn.Linear``."""
+    """A :class:`SigmaReparamLinear` if ``sigma_reparam`` else a plain linear layer (:class:`~sb3_amago.nets.cpu_matmul.Linear`)."""
     if sigma_reparam:
         return SigmaReparamLinear(in_features, out_features, bias=bias)
-    return nn.Linear(in_features, out_features, bias=bias)
+    return Linear(in_features, out_features, bias=bias)

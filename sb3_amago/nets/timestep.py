@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from sb3_amago.distributions import make_action_type
 from sb3_amago.keys import ACHIEVED_KEY, INSTRUCTION_KEY, OBS_KEY
 from sb3_amago.nets.activations import LeakyReLU
+from sb3_amago.nets.cpu_matmul import Linear
 from sb3_amago.nets.obs_extractors import NATURE_CNN_MIN_SIZE, AmagoExtractor, as_space_dict
 from sb3_amago.type_aliases import TensorObs
 
@@ -228,9 +229,9 @@ class TimestepEncoder(nn.Module):
         layers: list[nn.Module] = []
         width = self.features_extractor.features_dim + self.action_features_dim
         for hidden in hidden_sizes:
-            layers += [nn.Linear(width, hidden), LeakyReLU()]
+            layers += [Linear(width, hidden), LeakyReLU()]
             width = hidden
-        self.mlp = nn.Sequential(*layers, nn.Linear(width, d_out), nn.LayerNorm(d_out))
+        self.mlp = nn.Sequential(*layers, Linear(width, d_out), nn.LayerNorm(d_out))
         self.d_out = d_out
 
     def _built_extractor(self, extractor_class: type[BaseFeaturesExtractor], kwargs: dict[str, Any]) -> BaseFeaturesExtractor:

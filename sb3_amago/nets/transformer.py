@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
+from sb3_amago.nets.cpu_matmul import Linear
 from sb3_amago.nets.dropout import FastDropout
 from sb3_amago.nets.rotary import Rotary, apply_rotary, tables
 from sb3_amago.nets.sigma_reparam import make_linear
@@ -239,7 +240,7 @@ class TransformerTrajEncoder(TrajEncoder):
         self.pos_emb_type = pos_emb
         self.max_time = max_time
         self.window_slide = window_slide
-        self.input_proj = nn.Linear(d_in, d_model)
+        self.input_proj = Linear(d_in, d_model)
         self.pos_table = nn.Embedding(max_time, d_model) if pos_emb == "learnable" and max_time is not None else None
         self.emb_dropout = FastDropout(dropout)
         self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, dropout, sigma_reparam) for _ in range(n_layers))

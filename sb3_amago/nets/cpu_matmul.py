@@ -1,0 +1,140 @@
+"""The network's fp32 matrix products on oneDNN, on CPUs where torch's BLAS runs a slow code path.
+
+torch's CPU builds send fp32 matrix products (``F.linear``, ``bmm``, ``baddbmm``) to MKL. On AMD
+processors MKL runs a generic code path without AVX-512: on an AMD EPYC with AVX-512 (Zen 5), two
+cores, it reaches about 200 GFLOP/s at the update's shapes, where oneDNN, the other matrix library
+inside torch (the one autocast's bf16 products already use), reaches 400-460 in fp32
+(``benchmarks/cpu_matmul.py``). So :func:`linear` and :func:`ensemble_linear` compute their products
+with oneDNN where :func:`onednn_matmul_chosen` says so, and call torch's own functions everywhere
+else: other devices, other dtypes, under autocast (whose bf16 products are oneDNN's already), and on
+CPUs where MKL is the fast one.
+
+The choice is made once per process from ``SB3_AMAGO_CPU_MATMUL``: ``auto`` (the default) picks oneDNN
+on AMD x86 CPUs with AVX-512 and torch's BLAS elsewhere, ``onednn`` and ``blas`` force one. Both
+compute in fp32 with fp32 accumulation; only the order of the sums differs.
+
+Under ``torch.compile`` the product is the custom operator ``sb3_amago::onednn_linear``, opaque to the
+compiler, whose backward runs on the same operator.
+"""
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch as th
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.flop_counter import register_flop_formula
+
+#: Environment variable that chooses the fp32 matrix library on the CPU: auto, onednn or blas.
+ENV_VARIABLE = "SB3_AMAGO_CPU_MATMUL"
+CHOICES = ("auto", "onednn", "blas")
+
+
+def _amd_with_avx512() -> bool:
+    """An AMD x86 CPU on which torch dispatches AVX-512 code (read from ``/proc/cpuinfo``: Linux only)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists() or th.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
+        return False
+    with cpuinfo.open() as f:
+        for line in f:
+            if line.startswith("vendor_id"):
+                return "AuthenticAMD" in line
+    return False
+
+
+def _onednn_available() -> bool:
+    return th.backends.mkldnn.is_available() and hasattr(th.ops.mkldnn, "_linear_pointwise")
+
+
+def onednn_matmul_chosen() -> bool:
+    """Whether fp32 CPU products should run on oneDNN, from ``SB3_AMAGO_CPU_MATMUL`` and this CPU
+    (read once, at import, into :data:`ONEDNN`)."""
+    choice = os.environ.get(ENV_VARIABLE, "auto").strip().lower()
+    if choice not in CHOICES:
+        raise ValueError(
+            f"{ENV_VARIABLE}={choice!r} is not one of {', '.join(CHOICES)}: set it to one of them, or unset it for auto"
+        )
+    if choice == "blas":
+        return False
+    if not _onednn_available():
+        if choice == "onednn":
+            raise RuntimeError(
+                f"{ENV_VARIABLE}=onednn, but this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False): "
+                "unset it, or set it to blas"
+            )
+        return False
+    return choice == "onednn" or _amd_with_avx512()
+
+
+#: This process's choice: fp32 CPU products on oneDNN. A constant to ``torch.compile`` (it guards on it).
+ONEDNN = onednn_matmul_chosen()
+
+
+def _routed(*tensors: th.Tensor) -> bool:
+    """Whether a product of ``tensors`` goes to oneDNN: fp32 on the CPU, autocast off, oneDNN chosen."""
+    return (
+        all(t.device.type == "cpu" and t.dtype == th.float32 for t in tensors) and not th.is_autocast_enabled("cpu") and ONEDNN
+    )
+
+
+@th.library.custom_op("sb3_amago::onednn_linear", mutates_args=())
+def onednn_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None) -> th.Tensor:
+    """``x (..., i) @ weight (o, i).T + bias (o)`` by oneDNN; any strides (transposed views included)."""
+    if x.numel() == 0 or weight.numel() == 0:  # oneDNN has no product over an empty axis (a batch of none)
+        return F.linear(x, weight, bias)
+    return th.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None) -> th.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _setup_context(ctx: Any, inputs: tuple[th.Tensor, th.Tensor, th.Tensor | None], output: th.Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, th.Tensor | None, th.Tensor | None]:
+    x, weight = ctx.saved_tensors
+    need_x, need_weight, need_bias = ctx.needs_input_grad
+    grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, o)
+    grad_x = onednn_linear(grad, weight.t(), None) if need_x else None  # (..., o) @ (o, i)
+    grad_weight = onednn_linear(grad_2d.t(), x.reshape(-1, x.shape[-1]).t(), None) if need_weight else None  # (o, N) @ (N, i)
+    grad_bias = grad_2d.sum(0) if ctx.has_bias and need_bias else None
+    return grad_x, grad_weight, grad_bias
+
+
+onednn_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(th.ops.sb3_amago.onednn_linear)
+def _flops(x_shape: th.Size, weight_shape: th.Size, *args: Any, **kwargs: Any) -> int:
+    """What ``torch.utils.flop_counter.FlopCounterMode`` counts for the operator: ``2 N i o``."""
+    return 2 * math.prod(x_shape) * weight_shape[0]
+
+
+def linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = None) -> th.Tensor:
+    """``F.linear(x, weight, bias)``: ``(..., i)``, ``(o, i)``, ``(o,)`` -> ``(..., o)``."""
+    if _routed(x, weight):
+        return onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def ensemble_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = None) -> th.Tensor:
+    """``C`` linear layers at once, ``th.baddbmm(bias, x, weight)`` (``th.bmm`` without ``bias``):
+    ``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)`` -> ``(C, N, o)``. ``x`` may be one
+    input expanded along ``C``."""
+    if not _routed(x, weight):
+        return th.bmm(x, weight) if bias is None else th.baddbmm(bias, x, weight)
+    return th.stack([onednn_linear(x[c], weight[c].t(), None if bias is None else bias[c, 0]) for c in range(weight.shape[0])])
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) whose product is :func:`linear`'s."""
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        return linear(x, self.weight, self.bias)

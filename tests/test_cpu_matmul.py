@@ -1,0 +1,170 @@
+"""The fp32 CPU products on oneDNN (sb3_amago.nets.cpu_matmul): the same values and gradients as
+torch's own functions, routed only where they should be, chosen from the environment, compiled
+without a graph break, and the whole update the same with the route on or off."""
+
+import pytest
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from test_amago import ACTION_SPACES, CountingEnv, filled_model
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from sb3_amago.nets import cpu_matmul
+from sb3_amago.nets.cpu_matmul import Linear, ensemble_linear, linear
+
+needs_onednn = pytest.mark.skipif(not cpu_matmul._onednn_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.fixture
+def onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_matmul, "ONEDNN", True)
+
+
+def _grads(fn, *tensors: th.Tensor, seed: int = 0) -> tuple[th.Tensor, list[th.Tensor]]:
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    out.backward(th.randn(out.shape, generator=th.Generator().manual_seed(seed)))
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+@needs_onednn
+@pytest.mark.usefixtures("onednn")
+@pytest.mark.parametrize("x_shape", [(37, 24), (3, 11, 24), (2, 3, 5, 24), (0, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gives_torchs_values_and_gradients(x_shape: tuple[int, ...], bias: bool) -> None:
+    gen = th.Generator().manual_seed(1)
+    x, weight, b = th.randn(x_shape, generator=gen), th.randn(16, 24, generator=gen), th.randn(16, generator=gen)
+    tensors = (x, weight, b) if bias else (x, weight)
+    ours, our_grads = _grads(linear, *tensors)
+    theirs, their_grads = _grads(F.linear, *tensors)
+    assert ours.shape == (*x_shape[:-1], 16)
+    th.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    for mine, reference in zip(our_grads, their_grads):
+        th.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+@pytest.mark.usefixtures("onednn")
+@pytest.mark.parametrize("expanded", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_ensemble_linear_gives_baddbmms_values_and_gradients(expanded: bool, bias: bool) -> None:
+    """Also on one input expanded along the members (the critics' first layer) and on a weight
+    slice (the Box critics' state and gamma columns), where the gradient sums over members."""
+    gen = th.Generator().manual_seed(2)
+    x = th.randn(1, 30, 12, generator=gen) if expanded else th.randn(4, 30, 12, generator=gen)
+    weight = th.randn(4, 20, 8, generator=gen)
+    b = th.randn(4, 1, 8, generator=gen)
+
+    def ours(x, weight, *b):
+        return ensemble_linear(x.expand(4, -1, -1), weight[:, 3:15], *b)
+
+    def theirs(x, weight, *b):
+        return th.baddbmm(b[0], x.expand(4, -1, -1), weight[:, 3:15]) if b else th.bmm(x.expand(4, -1, -1), weight[:, 3:15])
+
+    tensors = (x, weight, b) if bias else (x, weight)
+    out, grads = _grads(ours, *tensors)
+    ref, ref_grads = _grads(theirs, *tensors)
+    th.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for mine, reference in zip(grads, ref_grads):
+        th.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-4)
+
+
+class _OpLog(th.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _routed_to_onednn(fn) -> bool:
+    log = _OpLog()
+    with log:
+        fn()
+    return any("onednn_linear" in name for name in log.names)
+
+
+@needs_onednn
+def test_only_fp32_cpu_products_outside_autocast_are_routed(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, weight = th.randn(5, 8), th.randn(3, 8)
+    monkeypatch.setattr(cpu_matmul, "ONEDNN", True)
+    assert _routed_to_onednn(lambda: linear(x, weight))
+    assert not _routed_to_onednn(lambda: linear(x.double(), weight.double()))
+    with th.autocast("cpu", dtype=th.bfloat16):
+        assert not _routed_to_onednn(lambda: linear(x, weight))
+        assert linear(x, weight).dtype == th.bfloat16  # autocast's bf16 product, as F.linear's
+    monkeypatch.setattr(cpu_matmul, "ONEDNN", False)
+    assert not _routed_to_onednn(lambda: linear(x, weight))
+    assert th.equal(linear(x, weight), F.linear(x, weight))
+
+
+def test_the_choice_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "blas")
+    assert cpu_matmul.onednn_matmul_chosen() is False
+    monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "auto")
+    assert cpu_matmul.onednn_matmul_chosen() == (cpu_matmul._onednn_available() and cpu_matmul._amd_with_avx512())
+    monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "onednn")
+    if cpu_matmul._onednn_available():
+        assert cpu_matmul.onednn_matmul_chosen() is True
+    else:
+        with pytest.raises(RuntimeError, match="set it to blas"):
+            cpu_matmul.onednn_matmul_chosen()
+    monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "mkl")
+    with pytest.raises(ValueError, match="SB3_AMAGO_CPU_MATMUL='mkl' is not one of auto, onednn, blas"):
+        cpu_matmul.onednn_matmul_chosen()
+
+
+@needs_onednn
+@pytest.mark.usefixtures("onednn")
+def test_routed_layers_compile_without_a_graph_break_and_give_the_eager_values() -> None:
+    th.manual_seed(0)
+    layer, weight = Linear(12, 6), th.randn(3, 6, 5, requires_grad=True)
+
+    def fn(x: th.Tensor) -> th.Tensor:
+        hidden = layer(x).relu()  # (N, 6)
+        return ensemble_linear(hidden.expand(3, -1, -1), weight).square().sum()
+
+    assert th._dynamo.explain(fn)(th.randn(7, 12)).graph_break_count == 0
+    compiled = th.compile(fn, dynamic=True)
+    for rows in (9, 14):
+        x = th.randn(rows, 12, requires_grad=True)
+        eager_out, eager_grads = _grads(fn, x)
+        compiled_out, compiled_grads = _grads(compiled, x)
+        th.testing.assert_close(compiled_out, eager_out, rtol=1e-6, atol=1e-6)
+        th.testing.assert_close(compiled_grads[0], eager_grads[0], rtol=1e-6, atol=1e-6)
+
+
+@needs_onednn
+def test_flop_counter_counts_the_routed_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, weight = th.randn(2, 9, 8, requires_grad=True), th.randn(4, 8, requires_grad=True)
+    counts = []
+    for routed in (True, False):
+        monkeypatch.setattr(cpu_matmul, "ONEDNN", routed)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            linear(x, weight).sum().backward()
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] == 3 * 2 * 18 * 8 * 4  # forward, and the two products of the backward
+
+
+@needs_onednn
+@pytest.mark.parametrize("action_space", ["discrete", "box"])
+def test_an_update_is_the_same_with_the_route_on_or_off(monkeypatch: pytest.MonkeyPatch, action_space: str) -> None:
+    """Every product of the policy (timestep encoder, Transformer, actor, critics, the Box critics'
+    per-step and per-gamma parts) goes through the route: two updates from the same replay and seed,
+    with oneDNN and with torch's BLAS, end at the same parameters, to fp32 rounding."""
+    params = []
+    for routed in (True, False):
+        monkeypatch.setattr(cpu_matmul, "ONEDNN", routed)
+        env = make_vec_env(lambda: CountingEnv(action_space=ACTION_SPACES[action_space], random_length=True), n_envs=2, seed=1)
+        model = filled_model(env)
+        model.set_random_seed(1)
+        log = _OpLog()
+        with log:
+            model.train(gradient_steps=2, batch_size=4)
+        assert any("onednn_linear" in name for name in log.names) == routed
+        assert not routed or not any(name.split(".")[1] in ("mm", "addmm", "bmm", "baddbmm") for name in log.names)
+        params.append(th.cat([p.detach().flatten() for p in model.policy.parameters()]))
+    th.testing.assert_close(params[0], params[1], rtol=1e-4, atol=1e-5)

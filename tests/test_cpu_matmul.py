@@ -17,7 +17,9 @@ needs_onednn = pytest.mark.skipif(not cpu_matmul._onednn_available(), reason="th
 
 @pytest.fixture
 def onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fp32 product on oneDNN, however small (the tests' products are far below the threshold)."""
     monkeypatch.setattr(cpu_matmul, "ONEDNN", True)
+    monkeypatch.setattr(cpu_matmul, "ONEDNN_MIN_MACS", 0)
 
 
 def _grads(fn, *tensors: th.Tensor, seed: int = 0) -> tuple[th.Tensor, list[th.Tensor]]:
@@ -90,6 +92,7 @@ def _routed_to_onednn(fn) -> bool:
 def test_only_fp32_cpu_products_outside_autocast_are_routed(monkeypatch: pytest.MonkeyPatch) -> None:
     x, weight = th.randn(5, 8), th.randn(3, 8)
     monkeypatch.setattr(cpu_matmul, "ONEDNN", True)
+    monkeypatch.setattr(cpu_matmul, "ONEDNN_MIN_MACS", 0)
     assert _routed_to_onednn(lambda: linear(x, weight))
     assert not _routed_to_onednn(lambda: linear(x.double(), weight.double()))
     with th.autocast("cpu", dtype=th.bfloat16):
@@ -98,6 +101,22 @@ def test_only_fp32_cpu_products_outside_autocast_are_routed(monkeypatch: pytest.
     monkeypatch.setattr(cpu_matmul, "ONEDNN", False)
     assert not _routed_to_onednn(lambda: linear(x, weight))
     assert th.equal(linear(x, weight), F.linear(x, weight))
+
+
+@needs_onednn
+def test_products_under_the_threshold_stay_on_the_blas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager, a product of fewer than ``ONEDNN_MIN_MACS`` multiply-adds never reaches the operator;
+    the operator itself (which compiled code always calls) hands such products to the BLAS too,
+    with F.linear's values."""
+    monkeypatch.setattr(cpu_matmul, "ONEDNN", True)
+    monkeypatch.setattr(cpu_matmul, "ONEDNN_MIN_MACS", 16 * 32 * 8)
+    weight = th.randn(8, 32)
+    small, large = th.randn(15, 32), th.randn(16, 32)
+    assert not _routed_to_onednn(lambda: linear(small, weight))
+    assert _routed_to_onednn(lambda: linear(large, weight))
+    assert not _routed_to_onednn(lambda: ensemble_linear(small.expand(2, -1, -1), weight.t().expand(2, -1, -1)))
+    assert _routed_to_onednn(lambda: ensemble_linear(large.expand(2, -1, -1), weight.t().expand(2, -1, -1)))
+    assert th.equal(th.ops.sb3_amago.onednn_linear(small, weight, None), F.linear(small, weight))
 
 
 def test_the_choice_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,6 +158,7 @@ def test_routed_layers_compile_without_a_graph_break_and_give_the_eager_values()
 @needs_onednn
 def test_flop_counter_counts_the_routed_products(monkeypatch: pytest.MonkeyPatch) -> None:
     x, weight = th.randn(2, 9, 8, requires_grad=True), th.randn(4, 8, requires_grad=True)
+    monkeypatch.setattr(cpu_matmul, "ONEDNN_MIN_MACS", 0)
     counts = []
     for routed in (True, False):
         monkeypatch.setattr(cpu_matmul, "ONEDNN", routed)
@@ -155,6 +175,7 @@ def test_an_update_is_the_same_with_the_route_on_or_off(monkeypatch: pytest.Monk
     """Every product of the policy (timestep encoder, Transformer, actor, critics, the Box critics'
     per-step and per-gamma parts) goes through the route: two updates from the same replay and seed,
     with oneDNN and with torch's BLAS, end at the same parameters, to fp32 rounding."""
+    monkeypatch.setattr(cpu_matmul, "ONEDNN_MIN_MACS", 0)  # the tiny model's products are all below it
     params = []
     for routed in (True, False):
         monkeypatch.setattr(cpu_matmul, "ONEDNN", routed)

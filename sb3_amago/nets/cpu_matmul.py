@@ -70,6 +70,10 @@ def onednn_matmul_chosen() -> bool:
 
 #: This process's choice: fp32 CPU products on oneDNN. A constant to ``torch.compile`` (it guards on it).
 ONEDNN = onednn_matmul_chosen()
+#: Products of fewer multiply-adds (``N * i * o``) stay on torch's BLAS: a oneDNN call costs about
+#: 11 us however small (MKL's about 2), more than it saves below 1-4 million (acting's products,
+#: a batch of envs at a time, are of that size; AMD EPYC, one and two threads).
+ONEDNN_MIN_MACS = 2**22
 
 
 def _routed(*tensors: th.Tensor) -> bool:
@@ -81,8 +85,9 @@ def _routed(*tensors: th.Tensor) -> bool:
 
 @th.library.custom_op("sb3_amago::onednn_linear", mutates_args=())
 def onednn_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None) -> th.Tensor:
-    """``x (..., i) @ weight (o, i).T + bias (o)`` by oneDNN; any strides (transposed views included)."""
-    if x.numel() == 0 or weight.numel() == 0:  # oneDNN has no product over an empty axis (a batch of none)
+    """``x (..., i) @ weight (o, i).T + bias (o)`` by oneDNN, any strides (transposed views included);
+    by torch's BLAS under :data:`ONEDNN_MIN_MACS` (and over an empty axis, which oneDNN refuses)."""
+    if x.numel() * weight.shape[0] < max(ONEDNN_MIN_MACS, 1):
         return F.linear(x, weight, bias)
     return th.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
@@ -117,9 +122,16 @@ def _flops(x_shape: th.Size, weight_shape: th.Size, *args: Any, **kwargs: Any) -
     return 2 * math.prod(x_shape) * weight_shape[0]
 
 
+def _large(x: th.Tensor, out_features: int) -> bool:
+    """Whether a product of ``x`` into ``out_features`` goes to the operator. Compiling, it always does
+    (the operator picks the library by size at run time), so the graph holds no branch on a
+    dynamic size; eager, a small product skips the operator's own call cost."""
+    return th.compiler.is_compiling() or x.numel() * out_features >= ONEDNN_MIN_MACS
+
+
 def linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = None) -> th.Tensor:
     """``F.linear(x, weight, bias)``: ``(..., i)``, ``(o, i)``, ``(o,)`` -> ``(..., o)``."""
-    if _routed(x, weight):
+    if _routed(x, weight) and _large(x, weight.shape[0]):
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -128,7 +140,7 @@ def ensemble_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = No
     """``C`` linear layers at once, ``th.baddbmm(bias, x, weight)`` (``th.bmm`` without ``bias``):
     ``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)`` -> ``(C, N, o)``. ``x`` may be one
     input expanded along ``C``."""
-    if not _routed(x, weight):
+    if not (_routed(x, weight) and _large(x[0], weight.shape[-1])):
         return th.bmm(x, weight) if bias is None else th.baddbmm(bias, x, weight)
     return th.stack([onednn_linear(x[c], weight[c].t(), None if bias is None else bias[c, 0]) for c in range(weight.shape[0])])
 

@@ -33,13 +33,18 @@ def _grads(fn, *tensors: th.Tensor, seed: int = 0) -> tuple[th.Tensor, list[th.T
 @pytest.mark.usefixtures("onednn")
 @pytest.mark.parametrize("x_shape", [(37, 24), (3, 11, 24), (2, 3, 5, 24), (0, 24)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_gives_torchs_values_and_gradients(x_shape: tuple[int, ...], bias: bool) -> None:
+@pytest.mark.parametrize("out_features", [16, 40])  # narrower and wider than the input: both ways of the weight's gradient
+def test_linear_gives_torchs_values_and_gradients(x_shape: tuple[int, ...], bias: bool, out_features: int) -> None:
     gen = th.Generator().manual_seed(1)
-    x, weight, b = th.randn(x_shape, generator=gen), th.randn(16, 24, generator=gen), th.randn(16, generator=gen)
+    x, weight, b = (
+        th.randn(x_shape, generator=gen),
+        th.randn(out_features, 24, generator=gen),
+        th.randn(out_features, generator=gen),
+    )
     tensors = (x, weight, b) if bias else (x, weight)
     ours, our_grads = _grads(linear, *tensors)
     theirs, their_grads = _grads(F.linear, *tensors)
-    assert ours.shape == (*x_shape[:-1], 16)
+    assert ours.shape == (*x_shape[:-1], out_features)
     th.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     for mine, reference in zip(our_grads, their_grads):
         th.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-4)

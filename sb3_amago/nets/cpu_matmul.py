@@ -83,16 +83,26 @@ def _routed(*tensors: th.Tensor) -> bool:
     )
 
 
-@th.library.custom_op("sb3_amago::onednn_linear", mutates_args=())
-def onednn_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None) -> th.Tensor:
+# Defined with torch.library's low-level API, not ``custom_op``: the latter's Python wrapper costs
+# ~12 us more a call (compiled code calls the operator three times per product, backward included).
+_LIBRARY = th.library.Library("sb3_amago", "FRAGMENT")
+_LIBRARY.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+
+
+def _onednn_linear_cpu(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None) -> th.Tensor:
     """``x (..., i) @ weight (o, i).T + bias (o)`` by oneDNN, any strides (transposed views included);
     by torch's BLAS under :data:`ONEDNN_MIN_MACS` (and over an empty axis, which oneDNN refuses)."""
     if x.numel() * weight.shape[0] < max(ONEDNN_MIN_MACS, 1):
         return F.linear(x, weight, bias)
-    return th.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return th.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
 
 
-@onednn_linear.register_fake
+_LIBRARY.impl("onednn_linear", _onednn_linear_cpu, "CPU")
+#: The operator: :func:`_onednn_linear_cpu` on CPU tensors, opaque to ``torch.compile``.
+onednn_linear = th.ops.sb3_amago.onednn_linear.default
+
+
+@th.library.register_fake("sb3_amago::onednn_linear")
 def _(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None) -> th.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
@@ -106,14 +116,21 @@ def _setup_context(ctx: Any, inputs: tuple[th.Tensor, th.Tensor, th.Tensor | Non
 def _backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, th.Tensor | None, th.Tensor | None]:
     x, weight = ctx.saved_tensors
     need_x, need_weight, need_bias = ctx.needs_input_grad
-    grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, o)
+    grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (N, o), (N, i)
     grad_x = onednn_linear(grad, weight.t(), None) if need_x else None  # (..., o) @ (o, i)
-    grad_weight = onednn_linear(grad_2d.t(), x.reshape(-1, x.shape[-1]).t(), None) if need_weight else None  # (o, N) @ (N, i)
+    grad_weight = None
+    if need_weight:
+        # (o, N) @ (N, i), computed with the wider of o and i as oneDNN's output features: 1.3x
+        # faster at (N, i, o) = (520, 128, 512) than the other way round, and the reverse at (520, 512, 128)
+        wide_out = weight.shape[0] > weight.shape[1]
+        grad_weight = (
+            onednn_linear(x_2d.t(), grad_2d.t(), None).t() if wide_out else onednn_linear(grad_2d.t(), x_2d.t(), None)
+        )
     grad_bias = grad_2d.sum(0) if ctx.has_bias and need_bias else None
     return grad_x, grad_weight, grad_bias
 
 
-onednn_linear.register_autograd(_backward, setup_context=_setup_context)
+th.library.register_autograd("sb3_amago::onednn_linear", _backward, setup_context=_setup_context)
 
 
 @register_flop_formula(th.ops.sb3_amago.onednn_linear)

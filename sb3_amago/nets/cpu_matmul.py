@@ -1,19 +1,20 @@
-"""The network's fp32 matrix products on oneDNN, on CPUs where torch's BLAS runs a slow code path.
+"""The networks' fp32 matrix products on oneDNN, on CPUs where torch's BLAS runs a slow code path.
 
-torch's CPU builds send fp32 matrix products (``F.linear``, ``bmm``, ``baddbmm``) to MKL. On AMD
+torch's x86 builds send fp32 matrix products (``F.linear``, ``bmm``, ``baddbmm``) to MKL. On AMD
 processors MKL runs a generic code path without AVX-512: on an AMD EPYC with AVX-512 (Zen 5), two
-cores, it reaches about 200 GFLOP/s at the update's shapes, where oneDNN, the other matrix library
-inside torch (the one autocast's bf16 products already use), reaches 400-460 in fp32
-(``benchmarks/cpu_matmul.py``). So :func:`linear` and :func:`ensemble_linear` compute their products
-with oneDNN where :func:`onednn_matmul_chosen` says so, and call torch's own functions everywhere
-else: other devices, other dtypes, under autocast (whose bf16 products are oneDNN's already), and on
-CPUs where MKL is the fast one.
+cores, a 2,048-cubed fp32 product runs at about 210 GFLOP/s there and at 450-470 on oneDNN, the
+other matrix library inside torch (the one autocast's bf16 products already use), and the
+reference update's own products take 1.5-1.6x less time (``benchmarks/cpu_matmul.py``). So
+:func:`linear`, :class:`Linear` and :func:`ensemble_linear` compute their products with oneDNN where
+:data:`ONEDNN` says so, and call torch's own functions everywhere else: other devices, other dtypes,
+under autocast (whose bf16 products are oneDNN's already), products too small to gain
+(:data:`ONEDNN_MIN_MACS`), and CPUs where MKL is the fast one.
 
-The choice is made once per process from ``SB3_AMAGO_CPU_MATMUL``: ``auto`` (the default) picks oneDNN
-on AMD x86 CPUs with AVX-512 and torch's BLAS elsewhere, ``onednn`` and ``blas`` force one. Both
-compute in fp32 with fp32 accumulation; only the order of the sums differs.
+The choice is made once per process, at import, from ``SB3_AMAGO_CPU_MATMUL``: ``auto`` (the
+default) picks oneDNN on AMD x86 CPUs with AVX-512 and torch's BLAS elsewhere, ``onednn`` and
+``blas`` force one. Both compute in fp32 with fp32 accumulation; only the order of the sums differs.
 
-Under ``torch.compile`` the product is the custom operator ``sb3_amago::onednn_linear``, opaque to the
+Under ``torch.compile`` the product is the operator ``sb3_amago::onednn_linear``, opaque to the
 compiler, whose backward runs on the same operator.
 """
 

@@ -2,6 +2,8 @@
 torch's own functions, routed only where they should be, chosen from the environment, compiled
 without a graph break, and the whole update the same with the route on or off."""
 
+import math
+
 import pytest
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
@@ -194,3 +196,21 @@ def test_an_update_is_the_same_with_the_route_on_or_off(monkeypatch: pytest.Monk
         assert not routed or not any(name.split(".")[1] in ("mm", "addmm", "bmm", "baddbmm") for name in log.names)
         params.append(th.cat([p.detach().flatten() for p in model.policy.parameters()]))
     th.testing.assert_close(params[0], params[1], rtol=1e-4, atol=1e-5)
+
+
+@needs_onednn
+def test_the_library_benchmark_replays_the_updates_routed_products() -> None:
+    """benchmarks/cpu_matmul.py at L = 8: it records the reference update's routed products (those
+    above the threshold, forward and backward), counts their FLOPs as the operator's formula does,
+    and times one pass with each library."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from cpu_matmul import flops, recorded_products, replay
+
+    products = recorded_products(8)
+    assert products
+    assert flops(products) == sum(2 * math.prod(x.shape) * w.shape[0] for x, w, _ in products) > 0
+    seconds = replay(products, repeats=1)
+    assert set(seconds) == {"onednn", "blas"} and all(s > 0 for s in seconds.values())

@@ -51,7 +51,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from sb3_amago import AMAGO
 from sb3_amago.nets import cpu_matmul
-from sb3_amago.nets.cpu_matmul import ONEDNN, linear
 from sb3_amago.precision import cpu_has_native_bf16
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.
@@ -123,17 +122,25 @@ FLOOR_POLICY = {
 
 
 @contextlib.contextmanager
-def every_product_routed() -> Iterator[None]:
+def cpu_matmul_settings(**values: Any) -> Iterator[None]:
+    """``sb3_amago.nets.cpu_matmul``'s module settings (``ONEDNN``, ``ONEDNN_MIN_MACS``) set to
+    ``values`` inside the block, restored after it."""
+    saved = {name: getattr(cpu_matmul, name) for name in values}
+    for name, value in values.items():
+        setattr(cpu_matmul, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cpu_matmul, name, value)
+
+
+def every_product_routed() -> contextlib.AbstractContextManager[None]:
     """Products of any size on the library the reference's run on (``cpu_matmul.ONEDNN_MIN_MACS``
     lifted): the overhead floor's products are all below that threshold and the reference's, at
     L >= 64, all above it, so only this way does the floor run the reference's operators and pay
     their per-call cost (oneDNN's, where it is chosen)."""
-    threshold = cpu_matmul.ONEDNN_MIN_MACS
-    cpu_matmul.ONEDNN_MIN_MACS = 0
-    try:
-        yield
-    finally:
-        cpu_matmul.ONEDNN_MIN_MACS = threshold
+    return cpu_matmul_settings(ONEDNN_MIN_MACS=0)
 
 
 def make_model(
@@ -252,8 +259,8 @@ def peak_gemm_flops(dtype: th.dtype, size: int = 2048, repeats: int = 5) -> floa
     """FLOP/s of a ``size``-cubed matrix product in ``dtype`` (best of ``repeats``), by the library the
     package's layers use (:func:`sb3_amago.nets.cpu_matmul.linear`)."""
     a, b = th.randn(size, size).to(dtype), th.randn(size, size).to(dtype)
-    linear(a, b)
-    best = min(_timed(lambda: linear(a, b)) for _ in range(repeats))
+    cpu_matmul.linear(a, b)
+    best = min(_timed(lambda: cpu_matmul.linear(a, b)) for _ in range(repeats))
     return 2 * size**3 / best
 
 
@@ -366,7 +373,7 @@ def main() -> None:
     for dtype in (th.float32, th.bfloat16) if cpu_has_native_bf16() else (th.float32,):
         name = str(dtype).removeprefix("torch.")
         peak = peak_gemm_flops(dtype)
-        library = "onednn" if ONEDNN or dtype != th.float32 else "blas"  # sb3_amago.nets.cpu_matmul
+        library = "onednn" if cpu_matmul.ONEDNN or dtype != th.float32 else "blas"  # sb3_amago.nets.cpu_matmul
         figures[f"peak_gemm_{name}"] = {
             "value": peak / 1e9,
             "unit": "GFLOP/s",

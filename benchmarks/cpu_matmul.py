@@ -3,8 +3,8 @@
 The reference update (``bench_updates.py``, fp32, eager) runs once with its products on oneDNN
 (``sb3_amago.nets.cpu_matmul``) under a recorder; each product (the layers' forwards, and their
 backward products for the input and the weight, at the update's shapes and strides) is then replayed
-on fresh tensors by both libraries: ``sb3_amago::onednn_linear`` and ``F.linear`` on the same
-operands, which torch sends to its BLAS (MKL in its x86 builds). Reported per library: the seconds
+on fresh tensors by both libraries (``bench_updates.replay_seconds``): ``sb3_amago::onednn_linear``
+and ``F.linear`` on operands of the same shapes and strides, which torch sends to its BLAS (MKL in its x86 builds). Reported per library: the seconds
 one update's products take (best of ``--repeats``), their GFLOP/s, and a 2,048-cubed product, with
 the speed-up of oneDNN over the BLAS beside each, and the choice ``SB3_AMAGO_CPU_MATMUL=auto``
 makes on this CPU. The attention kernels are torch's either way and are not part of this.
@@ -17,64 +17,47 @@ Results: ``benchmarks/results/cpu_matmul.json`` / ``.md`` (``--name`` changes th
 
 import argparse
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch as th
-from bench_updates import MatrixOpRecorder, TensorSpec, trained_model
+from bench_updates import MatrixOpRecorder, _timed, cpu_matmul_settings, replay_seconds, trained_model
 from common import write_results
 from torch.nn import functional as F
 
 from sb3_amago.nets import cpu_matmul
 
-Product = tuple[TensorSpec, TensorSpec, TensorSpec | None]
+Call = tuple[Any, tuple, dict]  # a recorded product: operator, argument specs, keyword specs
 
 
-def recorded_products(length: int) -> list[Product]:
-    """The ``(x, weight, bias)`` specs of every routed product of one fp32 update at window ``length``."""
-    routed = cpu_matmul.ONEDNN
-    cpu_matmul.ONEDNN = True
-    try:
+def recorded_products(length: int) -> list[Call]:
+    """Every routed product (``sb3_amago::onednn_linear``) of one fp32 update at window ``length``."""
+    with cpu_matmul_settings(ONEDNN=True):
         model = trained_model(length, mixed_precision=False)
         recorder = MatrixOpRecorder()
         with recorder:
             model.train(gradient_steps=1, batch_size=8)
-    finally:
-        cpu_matmul.ONEDNN = routed
     op = th.ops.sb3_amago.onednn_linear.default
-    return [args for func, args, _ in recorder.calls if func is op]
+    return [call for call in recorder.calls if call[0] is op]
 
 
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up: oneDNN builds and caches a kernel per shape on its first call
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def replay(products: list[Product], repeats: int) -> dict[str, float]:
-    """Seconds for one pass over ``products`` with each library, on the same fresh operands."""
-    operands = [(x.make(), w.make(), None if b is None else b.make()) for x, w, b in products]
-
-    def run(fn: Callable[..., th.Tensor]) -> Callable[[], None]:
-        def one_pass() -> None:
-            for x, w, b in operands:
-                fn(x, w, b)
-
-        return one_pass
-
+def replay(products: list[Call], repeats: int) -> dict[str, float]:
+    """Seconds for one pass over ``products`` with each library (``bench_updates.replay_seconds``:
+    fresh operands of the recorded shapes and strides, a warm-up pass, the best of ``repeats``)."""
     return {
-        "onednn": best_seconds(run(th.ops.sb3_amago.onednn_linear), repeats),
-        "blas": best_seconds(run(F.linear), repeats),
+        "onednn": replay_seconds(products, repeats),
+        "blas": replay_seconds([(F.linear, args, kwargs) for _, args, kwargs in products], repeats),
     }
 
 
-def flops(products: list[Product]) -> float:
-    return float(sum(2 * th.Size(x.shape).numel() * w.shape[0] for x, w, _ in products))
+def flops(products: list[Call]) -> float:
+    return float(sum(2 * th.Size(args[0].shape).numel() * args[1].shape[0] for _, args, _ in products))
+
+
+def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """The best of ``repeats`` calls, after one untimed (oneDNN builds a kernel per shape on its first call)."""
+    fn()
+    return min(_timed(fn) for _ in range(repeats))
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch as th
 
+from sb3_amago.nets.popart import PopArtStats
 from sb3_amago.policies import TransformerPolicy
 from sb3_amago.type_aliases import TrajectoryBatch
 
@@ -168,23 +169,48 @@ def target_values(policy: TransformerPolicy, batch: TrajectoryBatch, states: th.
         return td_target(q_next, batch.rewards[:, 1:], batch.terminated[:, 1:], gammas, cfg, batch.real[:, 1:])
 
 
+def update_forward(
+    policy: TransformerPolicy, batch: TrajectoryBatch, cfg: LossConfig
+) -> tuple[th.Tensor, dict[str, Any], PopArtStats | None]:
+    """One update's forward, every step in the open: the encoder once over the batch, the TD target,
+    PopArt's move towards it and the loss with the moved statistics (:func:`amago_loss`); with
+    ``pure_bc``, the encoder and :func:`behaviour_cloning_loss`. Returns the loss, the statistics
+    to log and PopArt's moved statistics (``None`` with ``pure_bc``), which the training step
+    writes into ``policy.popart`` after the backward pass: nothing here changes the policy, so
+    ``compile_model`` compiles it as one graph."""
+    states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
+    if cfg.pure_bc:
+        loss, stats = behaviour_cloning_loss(policy, batch, states)
+        return loss, stats, None
+    target = target_values(policy, batch, states, cfg)  # (B, L, G)
+    popart = policy.popart.moved(target, batch.real[:, 1:])
+    loss, stats = amago_loss(policy, batch, states, target, cfg, popart)
+    return loss, stats, popart
+
+
 def amago_loss(
-    policy: TransformerPolicy, batch: TrajectoryBatch, states: th.Tensor, target: th.Tensor, cfg: LossConfig
+    policy: TransformerPolicy,
+    batch: TrajectoryBatch,
+    states: th.Tensor,
+    target: th.Tensor,
+    cfg: LossConfig,
+    popart: PopArtStats | None = None,
 ) -> tuple[th.Tensor, dict[str, Any]]:
     """One scalar loss for the whole agent, and the statistics to log.
 
-    A free function of the policy and the batch: the training step runs the encoder once, computes
-    the TD target, updates PopArt's statistics with it and then calls this, so every step of an
-    update is visible in one place.
+    A free function of the policy and the batch (:func:`update_forward` shows where it sits in an
+    update). It changes nothing, PopArt's statistics included.
 
     :param states: ``(B, L + 1, D)``, the encoder's output on the batch
-    :param target: ``(B, L, G)`` from :func:`target_values`, after PopArt's statistics update
+    :param target: ``(B, L, G)`` from :func:`target_values`
+    :param popart: PopArt's statistics to read, the update's moved ones (``PopArt.moved``); by
+        default ``policy.popart``'s as they are
     """
     actions = policy.action_type
     s = states[:, :-1]
     real_next = batch.real[:, 1:]  # (B, L): the step after t is real
     a_buf = batch.actions[:, :-1]  # (B, L, d)
-    popart = policy.popart
+    popart = policy.popart.stats() if popart is None else popart
 
     # Critic values of the buffer actions (trained) and of the policy's actions through frozen
     # critics on detached states (the policy-gradient path trains only the actor and, through the

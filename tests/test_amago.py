@@ -343,10 +343,10 @@ def _seeded_image_env() -> FakeImageEnv:
 
 @pytest.mark.parametrize("env", [*ACTION_SPACES, "amago-popgym-CountRecallEasy-v0", "images"])
 def test_compiled_update_takes_the_eager_updates_values(env: str) -> None:
-    """``compile_model=True`` compiles the sequence model, the TD target and the loss, each in one
-    graph (no graph break). From the same replay and seed, its updates leave the parameters and
-    PopArt's statistics where the eager ones do (the same dropout masks and action samples; only
-    float rounding differs), on windows of changing length. ``env``: an action space of CountingEnv,
+    """``compile_model=True`` compiles the update's forward (the sequence model, the TD target,
+    PopArt's move and the loss) in one graph (no graph break). From the same replay and seed, its
+    updates leave the parameters and PopArt's statistics where the eager ones do (the same dropout
+    masks and action samples; only float rounding differs), on windows of changing length. ``env``: an action space of CountingEnv,
     a POPGym task with MultiDiscrete observations (one-hot coded) in a Dict, or 16 x 16 images."""
 
     def make_env() -> DummyVecEnv | str:

@@ -1,6 +1,7 @@
 """The loss: its terms against hand computations (PopArt, the random critic pair, the TD target,
 the behaviour-cloning filter, masks), where each term's gradients go, and padding."""
 
+import copy
 import warnings
 
 import numpy as np
@@ -19,8 +20,9 @@ from sb3_amago.loss import (
     pick_critics,
     target_values,
     td_target,
+    update_forward,
 )
-from sb3_amago.nets.popart import PopArt
+from sb3_amago.nets.popart import PopArt, PopArtStats
 from sb3_amago.policies import TransformerPolicy
 from sb3_amago.type_aliases import TrajectoryBatch
 
@@ -44,6 +46,62 @@ def test_popart_update_preserves_outputs() -> None:
     mask = th.rand(5, 7) > 0.3
     popart.update_stats(targets, mask)
     th.testing.assert_close(popart.denormalize(raw_q), before, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("any_real", [True, False])
+def test_popart_moved_is_the_update_as_values_and_gradient(any_real: bool) -> None:
+    """``moved`` returns what ``update_stats`` leaves, to the bit, and leaves the module as it was;
+    a loss read through the moved ``w`` and ``b`` has the gradient of the loss of the updated
+    parameters, and ``load`` writes the move. A batch without real targets moves nothing."""
+    popart = PopArt(n_gammas=3)
+    with th.no_grad():
+        popart.w.copy_(th.tensor([0.5, 1.5, -2.0]))
+        popart.b.copy_(th.tensor([0.1, -0.3, 2.0]))
+    popart.update_stats(50.0 * th.randn(4, 3) + 3.0, th.ones(4, dtype=th.bool))  # not the first move
+    reference = copy.deepcopy(popart)
+    targets, raw_q = 50.0 * th.randn(5, 7, 3) + 20.0, th.randn(5, 7, 3)
+    mask = (th.rand(5, 7) > 0.3) & any_real
+    before = [t.clone() for t in popart.stats()]
+
+    reference.update_stats(targets, mask)
+    (reference.normalize(raw_q) ** 2).sum().backward()
+    moved = popart.moved(targets, mask)
+    for tensor, old in zip(popart.stats(), before, strict=True):
+        assert th.equal(tensor, old)
+    for tensor, expected in zip(moved, reference.stats(), strict=True):
+        assert th.equal(tensor, expected)
+    (moved.normalize(raw_q) ** 2).sum().backward()
+    assert th.equal(popart.w.grad, reference.w.grad) and th.equal(popart.b.grad, reference.b.grad)
+    popart.load(moved)
+    for tensor, expected in zip(popart.stats(), reference.stats(), strict=True):
+        assert th.equal(tensor, expected)
+    assert float(popart.n_updates) == float(before[-1]) + any_real
+
+
+def test_popart_move_compiles_with_the_eager_gradient() -> None:
+    """Compiled in one graph with a loss (as ``update_forward`` is), the move gives the eager
+    values and gradients: nothing in it mutates the module, whose parameters the loss trains."""
+    popart = PopArt(n_gammas=3)
+    popart.update_stats(50.0 * th.randn(4, 3) + 3.0, th.ones(4, dtype=th.bool))
+
+    def moved_loss(targets: th.Tensor, mask: th.Tensor, raw_q: th.Tensor) -> tuple[th.Tensor, PopArtStats]:
+        moved = popart.moved(targets, mask)
+        return (moved.normalize(raw_q) - moved.normalize_target(targets)).square().mean(), moved
+
+    compiled = th.compile(moved_loss, dynamic=True)
+    th._dynamo.utils.counters.clear()
+    for rows in (7, 5):
+        targets, raw_q, mask = 50.0 * th.randn(rows, 3) + 20.0, th.randn(rows, 3), th.rand(rows) > 0.3
+        losses, grads = [], []
+        for fn in (moved_loss, compiled):
+            popart.zero_grad()
+            loss, moved = fn(targets, mask, raw_q)
+            loss.backward()
+            losses.append((loss.detach(), [t.detach() for t in moved]))
+            grads.append((popart.w.grad.clone(), popart.b.grad.clone()))
+        th.testing.assert_close(losses[1], losses[0])
+        th.testing.assert_close(grads[1], grads[0])
+    assert not th._dynamo.utils.counters["graph_break"]
 
 
 def test_popart_first_update_is_bias_corrected_masked_mean() -> None:
@@ -223,16 +281,16 @@ def test_mixed_precision_keeps_the_loss_in_full_precision(action_space: str, mon
 
 
 def test_popart_statistics_move_in_the_training_step_not_in_the_loss() -> None:
-    """amago_loss leaves PopArt's statistics as they are; AMAGO.train updates them with the batch's TD target."""
+    """``update_forward`` (and the loss in it) leaves PopArt as it is and returns the move, the one
+    the loss read; AMAGO.train writes it into the module."""
     model = filled_model(PrevRewardWrapper(CountingEnv()), steps=24)
     policy = model.policy
     batch = model.replay_buffer.sample(4)
-    states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)
-    target = target_values(policy, batch, states, LossConfig())
     before = {k: v.clone() for k, v in policy.popart.state_dict().items()}
-    amago_loss(policy, batch, states, target, LossConfig())
+    _, _, moved = update_forward(policy, batch, LossConfig())
     for key, value in policy.popart.state_dict().items():
         assert th.equal(value, before[key]), key
+    assert moved is not None and not th.equal(moved.mu, before["mu"])
     model.train(gradient_steps=1, batch_size=4)
     assert not th.equal(policy.popart.mu, before["mu"])
 

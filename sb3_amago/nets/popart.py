@@ -1,9 +1,38 @@
 """PopArt: per-gamma value normalisation that preserves outputs while its statistics move."""
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch as th
 from torch import nn
+
+
+class PopArtStats(NamedTuple):
+    """PopArt's statistics and output layer at one moment, each ``(G,)`` (``n_updates``: ``()``),
+    and what reads them."""
+
+    mu: th.Tensor
+    nu: th.Tensor
+    w: th.Tensor
+    b: th.Tensor
+    n_updates: th.Tensor
+
+    @property
+    def sigma(self) -> th.Tensor:
+        """``(G,)`` standard deviation of the targets."""
+        return (self.nu - self.mu**2).clamp(min=1e-4).sqrt()
+
+    def normalize(self, raw_q: th.Tensor) -> th.Tensor:
+        """Critic output in normalised units: ``w * q + b``; ``raw_q`` has gammas on its last axis."""
+        return self.w * raw_q + self.b
+
+    def denormalize(self, raw_q: th.Tensor) -> th.Tensor:
+        """Critic output in return units: ``sigma * (w q + b) + mu``."""
+        return self.sigma * self.normalize(raw_q) + self.mu
+
+    def normalize_target(self, target: th.Tensor) -> th.Tensor:
+        """``(y - mu) / sigma`` for targets with gammas on the last axis."""
+        return (target - self.mu) / self.sigma
 
 
 class PopArt(nn.Module):
@@ -48,10 +77,14 @@ class PopArt(nn.Module):
         # Sums statistics over data-parallel ranks (set by sb3_amago.distributed; None in one process).
         self.reduce_moments: Callable[[th.Tensor], th.Tensor] | None = None
 
+    def stats(self) -> PopArtStats:
+        """The statistics and output layer as they are (the module's own tensors)."""
+        return PopArtStats(self.mu, self.nu, self.w, self.b, self.n_updates)
+
     @property
     def sigma(self) -> th.Tensor:
         """``(G,)`` standard deviation of the targets."""
-        return (self.nu - self.mu**2).clamp(min=1e-4).sqrt()
+        return self.stats().sigma
 
     def near_constant_heads(self, max_cv: float = 0.05, scale_ratio: float = 10.0) -> list[int]:
         """Indices of the discount factors whose TD targets are nearly constant (std below ``max_cv``
@@ -66,41 +99,58 @@ class PopArt(nn.Module):
 
     def normalize(self, raw_q: th.Tensor) -> th.Tensor:
         """Critic output in normalised units: ``w * q + b``; ``raw_q`` has gammas on its last axis."""
-        return self.w * raw_q + self.b
+        return self.stats().normalize(raw_q)
 
     def denormalize(self, raw_q: th.Tensor) -> th.Tensor:
         """Critic output in return units: ``sigma * (w q + b) + mu``."""
-        return self.sigma * self.normalize(raw_q) + self.mu
+        return self.stats().denormalize(raw_q)
 
     def normalize_target(self, target: th.Tensor) -> th.Tensor:
         """``(y - mu) / sigma`` for targets with gammas on the last axis."""
-        return (target - self.mu) / self.sigma
+        return self.stats().normalize_target(target)
 
-    @th.no_grad()
     def update_stats(self, target: th.Tensor, real: th.Tensor) -> None:
-        """Move the statistics towards the real targets, keeping outputs unchanged. With
+        """Move the statistics towards the real targets, keeping outputs unchanged: :meth:`load` of
+        :meth:`moved`."""
+        self.load(self.moved(target, real))
+
+    def moved(self, target: th.Tensor, real: th.Tensor) -> PopArtStats:
+        """The statistics after one move towards the real targets, and ``w``, ``b`` rescaled so that
+        outputs stay unchanged; the module itself is left as it is (:meth:`load` writes them).
+
+        Nothing here mutates a tensor or branches on one, so a compiled update computes the move in
+        its graph. The returned ``w`` and ``b`` have the moved values, and where the module's are
+        trained, their gradient flows to those parameters (a loss computed with them is the loss of
+        the moved parameters). A batch without real targets moves nothing. With
         :attr:`reduce_moments` set, the count and sums ``(1 + 2G,)`` are summed over the
         data-parallel ranks first, so that every rank moves by all ranks' targets.
 
         :param target: ``(..., G)`` TD targets
         :param real: ``(...)`` bool, which targets count
         """
-        weights = real.to(target.dtype).unsqueeze(-1)  # (..., 1)
-        dims = tuple(range(target.ndim - 1))
-        moments = th.cat([weights.sum().reshape(1), (target * weights).sum(dims), (target**2 * weights).sum(dims)])
-        if self.reduce_moments is not None:
-            moments = self.reduce_moments(moments)
-        count, total, total_sq = moments.split([1, self.mu.numel(), self.mu.numel()])
-        if count == 0:
-            return
-        mean = total / count  # (G,)
-        mean_sq = total_sq / count  # (G,)
-        self.n_updates += 1
-        # Bias correction in float64: in float32, 1 - (1 - beta) loses the digits that matter.
-        rate = self.beta / (1.0 - (1.0 - self.beta) ** float(self.n_updates)) if self.bias_correction else self.beta
-        old_mu, old_sigma = self.mu.clone(), self.sigma
-        self.mu.mul_(1 - rate).add_(rate * mean)
-        self.nu.mul_(1 - rate).add_(rate * mean_sq)
-        new_sigma = self.sigma
-        self.w.mul_(old_sigma / new_sigma)
-        self.b.mul_(old_sigma).add_(old_mu - self.mu).div_(new_sigma)
+        with th.no_grad():
+            weights = real.to(target.dtype).unsqueeze(-1)  # (..., 1)
+            dims = tuple(range(target.ndim - 1))
+            moments = th.cat([weights.sum().reshape(1), (target * weights).sum(dims), (target**2 * weights).sum(dims)])
+            if self.reduce_moments is not None:
+                moments = self.reduce_moments(moments)
+            count, total, total_sq = moments.split([1, self.mu.numel(), self.mu.numel()])
+            seen = count > 0  # (1,)
+            n_updates = self.n_updates + seen.squeeze(0).to(self.n_updates.dtype)
+            # Bias correction in float64: in float32, 1 - (1 - beta) loses the digits that matter.
+            rate = self.beta / (1.0 - (1.0 - self.beta) ** n_updates.double()) if self.bias_correction else self.beta
+            old = self.stats()
+            mu = (self.mu * (1 - rate) + rate * (total / count)).where(seen, self.mu)
+            nu = (self.nu * (1 - rate) + rate * (total_sq / count)).where(seen, self.nu)
+            new_sigma = PopArtStats(mu, nu, self.w, self.b, n_updates).sigma
+            w = (self.w * (old.sigma / new_sigma)).where(seen, self.w)
+            b = ((self.b * old.sigma + (old.mu - mu)) / new_sigma).where(seen, self.b)
+        if self.w.requires_grad:  # the moved values, with the parameters' gradient
+            w, b = w + (self.w - self.w.detach()), b + (self.b - self.b.detach())
+        return PopArtStats(mu, nu, w, b, n_updates)
+
+    @th.no_grad()
+    def load(self, stats: PopArtStats) -> None:
+        """Write ``stats`` (from :meth:`moved`) into the module."""
+        for mine, value in zip(self.stats(), stats, strict=True):
+            mine.copy_(value)

@@ -403,8 +403,11 @@ def test_learn_offline_trains_without_env_steps_then_learn_continues_online(tmp_
     assert model.replay_buffer.num_rollouts() >= 8
 
 
-def test_pure_bc_trains_the_actor_and_encoder_only() -> None:
-    model = marked_model(pure_bc=True)
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_pure_bc_trains_the_actor_and_encoder_only(compile_model: bool) -> None:
+    """Compiled too: the update's forward without target or PopArt, one graph."""
+    model = marked_model(pure_bc=True, compile_model=compile_model)
+    th._dynamo.utils.counters.clear()
     model.add_dataset(scripted_episodes(6))
     critics = {k: v.clone() for k, v in model.policy.critics.state_dict().items()}
     actor = {k: v.clone() for k, v in model.policy.actor.state_dict().items()}
@@ -416,6 +419,7 @@ def test_pure_bc_trains_the_actor_and_encoder_only() -> None:
         assert th.equal(value, popart[key]), key
     assert any(not th.equal(v, actor[k]) for k, v in model.policy.actor.state_dict().items())
     assert "train/bc_loss" in model.logger.name_to_value or model._n_updates == 3
+    assert not th._dynamo.utils.counters["graph_break"]
 
 
 def test_n_step_model_trains_offline() -> None:

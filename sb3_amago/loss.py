@@ -176,8 +176,9 @@ def update_forward(
     PopArt's move towards it and the loss with the moved statistics (:func:`amago_loss`); with
     ``pure_bc``, the encoder and :func:`behaviour_cloning_loss`. Returns the loss, the statistics
     to log and PopArt's moved statistics (``None`` with ``pure_bc``), which the training step
-    writes into ``policy.popart`` after the backward pass: nothing here changes the policy, so
-    ``compile_model`` compiles it as one graph."""
+    writes into ``policy.popart`` after the backward pass: nothing here updates a parameter in
+    place (the encoder's observation norms move their buffers, as before), so ``compile_model``
+    compiles it as one graph."""
     states = policy.encode(batch.observations, batch.prev_actions, batch.time_idx, batch.real)  # (B, L + 1, D)
     if cfg.pure_bc:
         loss, stats = behaviour_cloning_loss(policy, batch, states)

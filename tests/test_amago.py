@@ -346,8 +346,9 @@ def test_compiled_update_takes_the_eager_updates_values(env: str) -> None:
     """``compile_model=True`` compiles the update's forward (the sequence model, the TD target,
     PopArt's move and the loss) in one graph (no graph break). From the same replay and seed, its
     updates leave the parameters and PopArt's statistics where the eager ones do (the same dropout
-    masks and action samples; only float rounding differs), on windows of changing length. ``env``: an action space of CountingEnv,
-    a POPGym task with MultiDiscrete observations (one-hot coded) in a Dict, or 16 x 16 images."""
+    masks and action samples; only float rounding differs), on windows of changing length.
+    ``env``: an action space of CountingEnv, a POPGym task with MultiDiscrete observations (one-hot
+    coded) in a Dict, or 16 x 16 images."""
 
     def make_env() -> DummyVecEnv | str:
         if env in ACTION_SPACES:

@@ -139,12 +139,12 @@ class PopArt(nn.Module):
             n_updates = self.n_updates + seen.squeeze(0).to(self.n_updates.dtype)
             # Bias correction in float64: in float32, 1 - (1 - beta) loses the digits that matter.
             rate = self.beta / (1.0 - (1.0 - self.beta) ** n_updates.double()) if self.bias_correction else self.beta
-            old = self.stats()
+            old_sigma = self.sigma
             mu = (self.mu * (1 - rate) + rate * (total / count)).where(seen, self.mu)
             nu = (self.nu * (1 - rate) + rate * (total_sq / count)).where(seen, self.nu)
             new_sigma = PopArtStats(mu, nu, self.w, self.b, n_updates).sigma
-            w = (self.w * (old.sigma / new_sigma)).where(seen, self.w)
-            b = ((self.b * old.sigma + (old.mu - mu)) / new_sigma).where(seen, self.b)
+            w = (self.w * (old_sigma / new_sigma)).where(seen, self.w)
+            b = ((self.b * old_sigma + (self.mu - mu)) / new_sigma).where(seen, self.b)
         if self.w.requires_grad:  # the moved values, with the parameters' gradient
             w, b = w + (self.w - self.w.detach()), b + (self.b - self.b.detach())
         return PopArtStats(mu, nu, w, b, n_updates)

@@ -20,7 +20,7 @@ from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncod
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, observation_preprocessor
-from sb3_amago.nets.transformer import sinusoidal_embedding
+from sb3_amago.nets.transformer import CPU_MATH_ATTENTION_MAX_STEPS, causal_attention, sinusoidal_embedding
 
 D_IN = 5
 SMALL = {
@@ -271,30 +271,60 @@ def test_bf16_autocast_and_float64(kind: str) -> None:
 
 
 class _AttentionDtypes(TorchDispatchMode):
-    """Records the dtype of the query of every attention kernel that runs under it."""
+    """Records the dtype of the query of every flash-attention kernel, and of the first operand of
+    every batched product (the math backend's attention: the layers' products are not batched), that
+    runs under it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.dtypes: list[th.dtype] = []
+        self.flash: list[th.dtype] = []
+        self.bmm: list[th.dtype] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if "scaled_dot_product" in str(func):
-            self.dtypes.append(args[0].dtype)
+            self.flash.append(args[0].dtype)
+        elif func is th.ops.aten.bmm.default:
+            self.bmm.append(args[0].dtype)
         return func(*args, **(kwargs or {}))
 
 
-def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast() -> None:
+@pytest.mark.parametrize("length", [6, CPU_MATH_ATTENTION_MAX_STEPS + 1])
+def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast(length: int) -> None:
     # CPU flash attention is several times slower in bf16 (backward above all): the full forward
-    # keeps it in fp32, and the rest of the block in bf16.
-    encoder = make_encoder("transformer").train()
-    x, time_idx, mask = th.randn(2, 6, D_IN), th.arange(6).repeat(2, 1), th.ones(2, 6, dtype=th.bool)
+    # keeps attention in fp32, math backend (short windows) or flash kernel, and the rest of the
+    # block in bf16.
+    encoder = make_encoder("transformer", max_seq_len=length).train()
+    x, time_idx = th.randn(2, length, D_IN), th.arange(length).repeat(2, 1)
+    mask = th.ones(2, length, dtype=th.bool)
     recorder = _AttentionDtypes()
-    with th.autocast("cpu", dtype=th.bfloat16), recorder:
-        out = encoder(x, time_idx, mask)
-        out.float().sum().backward()
+    with recorder:
+        with th.autocast("cpu", dtype=th.bfloat16):
+            out = encoder(x, time_idx, mask)
+        out.float().sum().backward()  # outside autocast, as AMAGO.train runs it
     n_layers = len(cast(TransformerTrajEncoder, encoder).blocks)
-    assert recorder.dtypes == [th.float32] * (2 * n_layers)  # forward and backward kernel per layer
+    if length <= CPU_MATH_ATTENTION_MAX_STEPS:
+        assert recorder.flash == [] and len(recorder.bmm) >= 2 * n_layers  # scores and output per layer
+        assert set(recorder.bmm) == {th.float32}
+    else:
+        assert recorder.flash == [th.float32] * (2 * n_layers)  # forward and backward kernel per layer
     assert out.dtype == th.bfloat16 and out.isfinite().all()
+
+
+@pytest.mark.parametrize("length", [5, CPU_MATH_ATTENTION_MAX_STEPS, CPU_MATH_ATTENTION_MAX_STEPS + 1])
+def test_causal_attention_is_causal_softmax_attention(length: int) -> None:
+    """Either backend (math up to CPU_MATH_ATTENTION_MAX_STEPS steps, flash above) computes causal
+    softmax attention, values and gradients."""
+    th.manual_seed(0)
+    q, k, v = (th.randn(2, 3, length, 16, requires_grad=True) for _ in range(3))
+    out = causal_attention(q, k, v)
+    scores = (q @ k.transpose(-1, -2)) / 4.0  # (B, H, L, L), 1 / sqrt(16)
+    future = th.ones(length, length, dtype=th.bool).triu(1)
+    expected = scores.masked_fill(future, float("-inf")).softmax(-1) @ v
+    th.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grads = th.autograd.grad(out.square().sum(), (q, k, v))
+    expected_grads = th.autograd.grad(expected.square().sum(), (q, k, v))
+    for grad, expected_grad in zip(grads, expected_grads):
+        th.testing.assert_close(grad, expected_grad, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(not th.cuda.is_available(), reason="needs a GPU")

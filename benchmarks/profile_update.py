@@ -8,7 +8,8 @@ host code), the compiled graph's kernels, torch's native kernels (elementwise, n
 optimizer's), an OpenMP thread waiting, and host code (the Python interpreter, torch's Python
 bindings and dispatcher, the C library's allocations and plain copies). The main thread runs the update
 from start to end, so its samples split the update's wall time; the other threads' samples say how
-long the OpenMP workers wait while the main thread works alone.
+long the OpenMP workers wait while the main thread works alone. The main thread's most sampled
+symbols of the host and native classes are listed after the shares (``--top``).
 
     python benchmarks/profile_update.py --length 64 --compile --threads 2
     python benchmarks/profile_update.py --length 256 --updates 40
@@ -99,11 +100,28 @@ def thread_shares(lines: Iterable[str], main_tid: int) -> dict[str, dict[str, fl
     return shares
 
 
+def top_symbols(lines: Iterable[str], main_tid: int, klass: str, n: int) -> list[tuple[str, float]]:
+    """The main thread's ``n`` most sampled symbols of class ``klass``, each as ``"symbol [object]"``
+    (long C++ names cut at 100 characters) with its share of the main thread's samples."""
+    counter: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in lines:
+        match = _SAMPLE.match(line)
+        if match is None or int(match.group(1)) != main_tid:
+            continue
+        total += 1
+        symbol, dso = match.group(2), match.group(3)
+        if classify(symbol, dso) == klass:
+            counter[f"{symbol[:100]} [{Path(dso).name}]"] += 1
+    return [(name, count / total) for name, count in counter.most_common(n)]
+
+
 def profile(
     threads: int, length: int, updates: int, compile_model: bool, frequency: int, preload: str | None = None
-) -> tuple[dict, float]:
-    """Samples of the updates of a fresh process, split by :func:`thread_shares`, and its update time
-    (ms); ``preload``: a library preloaded into that process (``LD_PRELOAD``), e.g. another allocator."""
+) -> tuple[list[str], int, float]:
+    """``perf script``'s lines for the updates of a fresh process, that process's id (its main
+    thread's), and its update time (ms); ``preload``: a library preloaded into that process
+    (``LD_PRELOAD``), e.g. another allocator."""
     if shutil.which("perf") is None:
         raise SystemExit("perf is not installed: apt-get install linux-perf (Debian) or linux-tools-$(uname -r) (Ubuntu)")
     env = {**os.environ, "PYTHONPATH": str(REPO)} | ({"LD_PRELOAD": preload} if preload else {})
@@ -135,7 +153,7 @@ def profile(
         script = subprocess.run(
             ["perf", "script", "-i", str(data), "-F", "tid,ip,sym,dso", "-G"], capture_output=True, text=True, check=True
         )
-    return thread_shares(script.stdout.splitlines(), child.pid), update_ms
+    return script.stdout.splitlines(), child.pid, update_ms
 
 
 def main() -> None:
@@ -146,10 +164,12 @@ def main() -> None:
     parser.add_argument("--frequency", type=int, default=1999, help="samples per second per thread")
     parser.add_argument("--compile", action="store_true", help="the update compiled (compile_model=True)")
     parser.add_argument("--preload", help="a library to preload into the measured process, e.g. libtcmalloc_minimal.so.4")
+    parser.add_argument("--top", type=int, default=12, help="symbols listed for the host and native classes")
     parser.add_argument("--name", default="profile_update")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    shares, update_ms = profile(args.threads, args.length, args.updates, args.compile, args.frequency, args.preload)
+    lines, main_tid, update_ms = profile(args.threads, args.length, args.updates, args.compile, args.frequency, args.preload)
+    shares = thread_shares(lines, main_tid)
     main_thread = shares[MAIN]
     figures = {
         "outside_products": {
@@ -164,8 +184,15 @@ def main() -> None:
         for name in CLASSES:
             figures[f"{group}: {name}"] = {"value": round(values[name], 4), "unit": f"share of samples ({group})"}
         figures[f"{group}: samples"] = {"value": int(values["samples"]), "unit": "samples"}
+    for klass in (HOST, NATIVE):
+        for rank, (symbol, share) in enumerate(top_symbols(lines, main_tid, klass, args.top), 1):
+            figures[f"{MAIN}: {klass}, symbol {rank}"] = {
+                "value": round(share, 4),
+                "unit": "share of samples",
+                "symbol": symbol,
+            }
     for name, figure in figures.items():
-        print(f"{name}: {figure['value']}")
+        print(f"{name}: {figure['value']}" + (f"  {figure['symbol']}" if "symbol" in figure else ""))
     config = {
         "threads": args.threads,
         "length": args.length,
@@ -173,6 +200,7 @@ def main() -> None:
         "compile_model": args.compile,
         "frequency": args.frequency,
         "preload": args.preload,
+        "top": args.top,
     }
     write_results(args.name, config, figures, RESULTS_DIR)
 

@@ -50,6 +50,15 @@ def test_shares_split_the_main_thread_from_the_workers() -> None:
     assert (workers[pu.WAIT], workers[pu.PRODUCTS]) == (0.5, 0.5)
 
 
+def test_top_symbols_rank_one_class_of_the_main_thread() -> None:
+    top = pu.top_symbols(LINES, main_tid=100, klass=pu.HOST, n=5)
+    assert top == [
+        ("c10::impl::OperatorEntry::lookup [libtorch_cpu.so]", 1 / 9),
+        ("_PyEval_EvalFrameDefault [libpython3.11.so.1.0]", 1 / 9),
+    ]
+    assert pu.top_symbols(LINES, main_tid=100, klass=pu.PRODUCTS, n=1) == [("[unknown] [perf-100.map]", 2 / 9)]
+
+
 def _perf_can_record() -> bool:
     if shutil.which("perf") is None:
         return False
@@ -59,8 +68,8 @@ def _perf_can_record() -> bool:
 
 @pytest.mark.skipif(not _perf_can_record(), reason="perf is not installed or may not sample processes here")
 def test_profile_samples_a_running_update() -> None:
-    shares, update_ms = pu.profile(threads=1, length=8, updates=30, compile_model=False, frequency=999)
-    main = shares[pu.MAIN]
+    lines, main_tid, update_ms = pu.profile(threads=1, length=8, updates=30, compile_model=False, frequency=999)
+    main = pu.thread_shares(lines, main_tid)[pu.MAIN]
     assert update_ms > 0 and main["samples"] > 0
     assert sum(main[name] for name in pu.CLASSES) == pytest.approx(1.0)
     assert main[pu.HOST] > 0, "an eager update runs Python on the main thread"

@@ -78,6 +78,20 @@ def test_ensemble_linear_gives_baddbmms_values_and_gradients(expanded: bool, bia
         th.testing.assert_close(mine, reference, rtol=1e-5, atol=1e-4)
 
 
+@needs_onednn
+@pytest.mark.usefixtures("onednn")
+@pytest.mark.parametrize("expanded", [True, False])
+def test_one_input_for_every_member_takes_one_product(expanded: bool) -> None:
+    """The critics' first layer: an input expanded along the members is one product forward and two
+    backward (input and weight gradients), where separate inputs take one per member each."""
+    x = th.randn(1 if expanded else 4, 30, 12, requires_grad=True)
+    weight, b = th.randn(4, 12, 8, requires_grad=True), th.randn(4, 1, 8, requires_grad=True)
+    log = _OpLog()
+    with log:
+        ensemble_linear(x.expand(4, -1, -1), weight, b).sum().backward()
+    assert sum("onednn_linear" in name for name in log.names) == (3 if expanded else 12)
+
+
 class _OpLog(th.utils._python_dispatch.TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

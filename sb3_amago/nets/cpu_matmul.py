@@ -150,10 +150,16 @@ def linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = None) -> th
 def ensemble_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = None) -> th.Tensor:
     """``C`` linear layers at once, ``th.baddbmm(bias, x, weight)`` (``th.bmm`` without ``bias``):
     ``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)`` -> ``(C, N, o)``. ``x`` may be one
-    input expanded along ``C``."""
+    input expanded along ``C``: routed, that is one product with the members' weights side by side
+    (its backward sums the members' input gradients inside the product), else one per member."""
     if not (_routed(x, weight) and _large(x[0], weight.shape[-1])):
         return th.bmm(x, weight) if bias is None else th.baddbmm(bias, x, weight)
-    return th.stack([onednn_linear(x[c], weight[c].t(), None if bias is None else bias[c, 0]) for c in range(weight.shape[0])])
+    n_members, _, out_features = weight.shape
+    if x.stride(0) == 0:
+        side_by_side = weight.transpose(1, 2).reshape(n_members * out_features, -1)  # (C * o, i)
+        out = onednn_linear(x[0], side_by_side, None if bias is None else bias.reshape(-1))  # (N, C * o)
+        return out.view(-1, n_members, out_features).transpose(0, 1).contiguous()
+    return th.stack([onednn_linear(x[c], weight[c].t(), None if bias is None else bias[c, 0]) for c in range(n_members)])
 
 
 class Linear(nn.Linear):

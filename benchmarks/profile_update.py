@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from common import REPO, RESULTS_DIR, write_results
+from compare_commits import load_average
 
 #: The classes, in report order.
 PRODUCTS = "matrix products"
@@ -83,15 +84,17 @@ def classify(symbol: str, dso: str) -> str:
     return HOST
 
 
-def thread_shares(lines: Iterable[str], main_tid: int) -> dict[str, dict[str, float]]:
-    """``{MAIN: {class: share}, WORKERS: {class: share}}`` from ``perf script`` lines, each group's
-    shares summing to 1 (``"samples"``: its number of samples)."""
+def samples(lines: Iterable[str]) -> list[tuple[int, str, str]]:
+    """``(thread id, symbol, object)`` of each sample line of ``perf script``; other lines skipped."""
+    matches = (_SAMPLE.match(line) for line in lines)
+    return [(int(m.group(1)), m.group(2), m.group(3)) for m in matches if m is not None]
+
+
+def thread_shares(parsed: list[tuple[int, str, str]], main_tid: int) -> dict[str, dict[str, float]]:
+    """``{MAIN: {class: share}, WORKERS: {class: share}}`` from :func:`samples`' output, each
+    group's shares summing to 1 (``"samples"``: its number of samples)."""
     counts: dict[str, collections.Counter[str]] = {MAIN: collections.Counter(), WORKERS: collections.Counter()}
-    for line in lines:
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        tid, symbol, dso = int(match.group(1)), match.group(2), match.group(3)
+    for tid, symbol, dso in parsed:
         counts[MAIN if tid == main_tid else WORKERS][classify(symbol, dso)] += 1
     shares: dict[str, dict[str, float]] = {}
     for group, counter in counts.items():
@@ -100,20 +103,14 @@ def thread_shares(lines: Iterable[str], main_tid: int) -> dict[str, dict[str, fl
     return shares
 
 
-def top_symbols(lines: Iterable[str], main_tid: int, klass: str, n: int) -> list[tuple[str, float]]:
+def top_symbols(parsed: list[tuple[int, str, str]], main_tid: int, klass: str, n: int) -> list[tuple[str, float]]:
     """The main thread's ``n`` most sampled symbols of class ``klass``, each as ``"symbol [object]"``
     (long C++ names cut at 100 characters) with its share of the main thread's samples."""
-    counter: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in lines:
-        match = _SAMPLE.match(line)
-        if match is None or int(match.group(1)) != main_tid:
-            continue
-        total += 1
-        symbol, dso = match.group(2), match.group(3)
-        if classify(symbol, dso) == klass:
-            counter[f"{symbol[:100]} [{Path(dso).name}]"] += 1
-    return [(name, count / total) for name, count in counter.most_common(n)]
+    main = [(symbol, dso) for tid, symbol, dso in parsed if tid == main_tid]
+    counter = collections.Counter(
+        f"{symbol[:100]} [{Path(dso).name}]" for symbol, dso in main if classify(symbol, dso) == klass
+    )
+    return [(name, count / len(main)) for name, count in counter.most_common(n)]
 
 
 def profile(
@@ -167,9 +164,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="symbols listed for the host and native classes")
     parser.add_argument("--name", default="profile_update")
     args = parser.parse_args()
-    load = os.getloadavg()[0]
+    load = load_average()
     lines, main_tid, update_ms = profile(args.threads, args.length, args.updates, args.compile, args.frequency, args.preload)
-    shares = thread_shares(lines, main_tid)
+    parsed = samples(lines)
+    shares = thread_shares(parsed, main_tid)
     main_thread = shares[MAIN]
     figures = {
         "outside_products": {
@@ -185,7 +183,7 @@ def main() -> None:
             figures[f"{group}: {name}"] = {"value": round(values[name], 4), "unit": f"share of samples ({group})"}
         figures[f"{group}: samples"] = {"value": int(values["samples"]), "unit": "samples"}
     for klass in (HOST, NATIVE):
-        for rank, (symbol, share) in enumerate(top_symbols(lines, main_tid, klass, args.top), 1):
+        for rank, (symbol, share) in enumerate(top_symbols(parsed, main_tid, klass, args.top), 1):
             figures[f"{MAIN}: {klass}, symbol {rank}"] = {
                 "value": round(share, 4),
                 "unit": "share of samples",

@@ -42,7 +42,7 @@ def test_classify_names_the_code_a_sample_was_in() -> None:
 
 
 def test_shares_split_the_main_thread_from_the_workers() -> None:
-    shares = pu.thread_shares(LINES, main_tid=100)
+    shares = pu.thread_shares(pu.samples(LINES), main_tid=100)
     main, workers = shares[pu.MAIN], shares[pu.WORKERS]
     assert main["samples"] == 9 and workers["samples"] == 2
     assert main[pu.PRODUCTS] == pytest.approx(3 / 9)
@@ -51,12 +51,12 @@ def test_shares_split_the_main_thread_from_the_workers() -> None:
 
 
 def test_top_symbols_rank_one_class_of_the_main_thread() -> None:
-    top = pu.top_symbols(LINES, main_tid=100, klass=pu.HOST, n=5)
+    top = pu.top_symbols(pu.samples(LINES), main_tid=100, klass=pu.HOST, n=5)
     assert top == [
         ("c10::impl::OperatorEntry::lookup [libtorch_cpu.so]", 1 / 9),
         ("_PyEval_EvalFrameDefault [libpython3.11.so.1.0]", 1 / 9),
     ]
-    assert pu.top_symbols(LINES, main_tid=100, klass=pu.PRODUCTS, n=1) == [("[unknown] [perf-100.map]", 2 / 9)]
+    assert pu.top_symbols(pu.samples(LINES), main_tid=100, klass=pu.PRODUCTS, n=1) == [("[unknown] [perf-100.map]", 2 / 9)]
 
 
 def _perf_can_record() -> bool:
@@ -69,7 +69,7 @@ def _perf_can_record() -> bool:
 @pytest.mark.skipif(not _perf_can_record(), reason="perf is not installed or may not sample processes here")
 def test_profile_samples_a_running_update() -> None:
     lines, main_tid, update_ms = pu.profile(threads=1, length=8, updates=30, compile_model=False, frequency=999)
-    main = pu.thread_shares(lines, main_tid)[pu.MAIN]
+    main = pu.thread_shares(pu.samples(lines), main_tid)[pu.MAIN]
     assert update_ms > 0 and main["samples"] > 0
     assert sum(main[name] for name in pu.CLASSES) == pytest.approx(1.0)
     assert main[pu.HOST] > 0, "an eager update runs Python on the main thread"

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import copy
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -123,17 +124,17 @@ FLOOR_POLICY = {
 
 
 @contextlib.contextmanager
-def cpu_matmul_settings(**values: Any) -> Iterator[None]:
-    """``sb3_amago.nets.cpu_matmul``'s module settings (``ONEDNN``, ``ONEDNN_MIN_MACS``) set to
+def module_settings(module: types.ModuleType, **values: Any) -> Iterator[None]:
+    """``module``'s settings (module attributes such as ``cpu_matmul.ONEDNN_MIN_MACS``) set to
     ``values`` inside the block, restored after it."""
-    saved = {name: getattr(cpu_matmul, name) for name in values}
+    saved = {name: getattr(module, name) for name in values}
     for name, value in values.items():
-        setattr(cpu_matmul, name, value)
+        setattr(module, name, value)
     try:
         yield
     finally:
         for name, value in saved.items():
-            setattr(cpu_matmul, name, value)
+            setattr(module, name, value)
 
 
 def every_product_routed() -> contextlib.AbstractContextManager[None]:
@@ -141,7 +142,7 @@ def every_product_routed() -> contextlib.AbstractContextManager[None]:
     lifted): the overhead floor's products are all below that threshold and the reference's, at
     L >= 64, all above it, so only this way does the floor run the reference's operators and pay
     their per-call cost (oneDNN's, where it is chosen)."""
-    return cpu_matmul_settings(ONEDNN_MIN_MACS=0)
+    return module_settings(cpu_matmul, ONEDNN_MIN_MACS=0)
 
 
 def make_model(

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch as th
-from bench_updates import MatrixOpRecorder, _timed, cpu_matmul_settings, replay_seconds, trained_model
+from bench_updates import MatrixOpRecorder, _timed, module_settings, replay_seconds, trained_model
 from common import write_results
 from torch.nn import functional as F
 
@@ -32,7 +32,7 @@ Call = tuple[Any, tuple, dict]  # a recorded product: operator, argument specs, 
 
 def recorded_products(length: int) -> list[Call]:
     """Every routed product (``sb3_amago::onednn_linear``) of one fp32 update at window ``length``."""
-    with cpu_matmul_settings(ONEDNN=True):
+    with module_settings(cpu_matmul, ONEDNN=True):
         model = trained_model(length, mixed_precision=False)
         recorder = MatrixOpRecorder()
         with recorder:

@@ -30,7 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_updates
+import torch as th
 from common import write_results
+
+from sb3_amago.nets import transformer
 
 #: The two sides: the threshold each copy of the model runs with.
 BACKENDS = {"math": 10**9, "flash": 0}
@@ -39,20 +43,16 @@ BACKENDS = {"math": 10**9, "flash": 0}
 def backend_rates(length: int, rounds: int, updates: int, compile_model: bool) -> dict[str, list[float]]:
     """Updates/s of the reference update at window ``length`` per round, on each backend, both
     models in this process (the module setting switched around each one's updates)."""
-    from bench_updates import WARM_UP_UPDATES, module_settings, trained_model
-
-    from sb3_amago.nets import transformer
-
     models = {}
     for name, threshold in BACKENDS.items():
-        with module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=threshold):
-            models[name] = trained_model(length, compile_model=compile_model)
-            models[name].train(gradient_steps=WARM_UP_UPDATES, batch_size=8)
+        with bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=threshold):
+            models[name] = bench_updates.trained_model(length, compile_model=compile_model)
+            models[name].train(gradient_steps=bench_updates.WARM_UP_UPDATES, batch_size=8)
     rates: dict[str, list[float]] = {name: [] for name in BACKENDS}
     for round_ in range(rounds):
         order = list(BACKENDS) if round_ % 2 == 0 else list(reversed(BACKENDS))
         for name in order:
-            with module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=BACKENDS[name]):
+            with bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=BACKENDS[name]):
                 start = time.perf_counter()
                 models[name].train(gradient_steps=updates, batch_size=8)
                 rates[name].append(updates / (time.perf_counter() - start))
@@ -103,13 +103,9 @@ def main() -> None:
     parser.add_argument("--one-window", type=int, default=None, help=argparse.SUPPRESS)  # the measuring process
     args = parser.parse_args()
     if args.one_window is not None:
-        import torch as th
-
         th.set_num_threads(args.threads)
         print(json.dumps(backend_rates(args.one_window, args.rounds, args.updates, args.compile)))
         return
-    from sb3_amago.nets.transformer import CPU_MATH_ATTENTION_MAX_STEPS
-
     figures: dict[str, dict[str, Any]] = {}
     loads = []
     for length in args.lengths:
@@ -119,7 +115,7 @@ def main() -> None:
     figures["math_faster_up_to_steps"] = {
         "value": math_faster_up_to(figures),
         "unit": "steps (the largest measured attention length up to which the math backend was faster at every window)",
-        "package_cpu_math_attention_max_steps": CPU_MATH_ATTENTION_MAX_STEPS,
+        "package_cpu_math_attention_max_steps": transformer.CPU_MATH_ATTENTION_MAX_STEPS,
     }
     config = {
         "threads": args.threads,

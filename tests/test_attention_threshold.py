@@ -32,12 +32,13 @@ class _AttentionOps(th.utils._python_dispatch.TorchDispatchMode):
 @pytest.mark.parametrize("side", list(attention_threshold.BACKENDS))
 def test_each_side_runs_its_own_backend(side: str) -> None:
     q, k, v = (th.randn(2, 2, 9, 16) for _ in range(3))
+    package_value = transformer.CPU_MATH_ATTENTION_MAX_STEPS
     setting = bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=attention_threshold.BACKENDS[side])
     with setting, _AttentionOps() as ops:
         transformer.causal_attention(q, k, v)
     ran_flash = any("flash" in name for name in ops.names)
     assert ran_flash == (side == "flash"), ops.names
-    assert transformer.CPU_MATH_ATTENTION_MAX_STEPS == 129  # restored after the block
+    assert transformer.CPU_MATH_ATTENTION_MAX_STEPS == package_value  # restored after the block
 
 
 def test_the_sides_alternate_each_under_its_own_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,4 +89,6 @@ def test_results_hold_each_window_and_the_package_value(monkeypatch: pytest.Monk
     assert figures["math_over_flash_L64"]["value"] == 1.2 and figures["math_over_flash_L64"]["rounds_math_faster"] == "3/3"
     assert figures["math_over_flash_L128"]["value"] == 0.9 and figures["math_over_flash_L128"]["steps"] == 129
     assert figures["math_faster_up_to_steps"]["value"] == 65
-    assert figures["math_faster_up_to_steps"]["package_cpu_math_attention_max_steps"] == 129
+    assert (
+        figures["math_faster_up_to_steps"]["package_cpu_math_attention_max_steps"] == transformer.CPU_MATH_ATTENTION_MAX_STEPS
+    )

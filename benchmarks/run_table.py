@@ -9,9 +9,18 @@ evaluations (one evaluation of 32 episodes is noisy), the mean score over every 
 area under the curve), and, on tasks with trials, each trial's return averaged over the same last
 evaluations. Per label: the mean and standard deviation over its finished runs. Unfinished runs
 (no final row) are listed with the env steps they reached and left out of the summary.
+
+Against a reference label (``--reference``, the first label by default): each other label's
+difference in mean and two one-sided permutation p-values, the share of relabellings of the two
+labels' finished runs whose difference is at least as low (``p lower``) or at least as high
+(``p higher``) as the one observed. Every relabelling is counted where there are at most
+``EXACT_RELABELLINGS`` of them, else a seeded random sample of ``SAMPLED_RELABELLINGS``. Pick the
+direction before looking: a test of "did the change make it worse" reads ``p lower``.
 """
 
 import argparse
+import itertools
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -78,7 +87,7 @@ def per_label(found: Sequence[dict]) -> list[dict]:
         if not done:
             continue
         figures = {"label": label, "runs": len(done)}
-        for key in ("final", "last_mean", "auc"):
+        for key in SUMMARY_KEYS:
             values = np.array([run[key] for run in done])
             figures[key] = (float(values.mean()), float(values.std()))
         rises = np.array([run["trials"][-1] - run["trials"][0] for run in done if run["trials"]])
@@ -87,7 +96,59 @@ def per_label(found: Sequence[dict]) -> list[dict]:
     return summary
 
 
-def report_lines(task: str, found: Sequence[dict], summary: Sequence[dict], last: int, meta: dict) -> list[str]:
+#: Relabellings counted one by one up to this many (C(20, 10) = 184,756), else sampled.
+EXACT_RELABELLINGS = 200_000
+SAMPLED_RELABELLINGS = 100_000
+SUMMARY_KEYS = ("final", "last_mean", "auc")
+
+
+def permutation_pvalues(reference: Sequence[float], other: Sequence[float], seed: int = 0) -> tuple[float, float]:
+    """One-sided permutation p-values of ``mean(other) - mean(reference)``: the share of the pooled
+    values' relabellings (same group sizes) whose difference is <= the observed one, and >= it."""
+    pooled = np.asarray([*reference, *other], dtype=float)
+    n, k = len(pooled), len(other)
+    observed = pooled[len(reference) :].mean() - pooled[: len(reference)].mean()
+    if math.comb(n, k) <= EXACT_RELABELLINGS:
+        picks = np.array(list(itertools.combinations(range(n), k)))  # (relabellings, k)
+        extra = 0
+    else:  # the observed labelling counts as one of the sample (an exact test's p is never 0)
+        rng = np.random.default_rng(seed)
+        picks = np.argsort(rng.random((SAMPLED_RELABELLINGS, n)), axis=1)[:, :k]
+        extra = 1
+    in_other = pooled[picks].sum(axis=1)  # (relabellings,)
+    diffs = in_other / k - (pooled.sum() - in_other) / (n - k)
+    tolerance = 1e-12 * max(1.0, float(np.abs(pooled).max()))  # the observed labelling's own sum rounds
+    lower = (np.count_nonzero(diffs <= observed + tolerance) + extra) / (len(diffs) + extra)
+    higher = (np.count_nonzero(diffs >= observed - tolerance) + extra) / (len(diffs) + extra)
+    return float(lower), float(higher)
+
+
+def against_reference(found: Sequence[dict], reference: str) -> list[dict]:
+    """Each other label with two or more finished runs against ``reference``'s finished runs: the
+    difference in mean and :func:`permutation_pvalues` of the final score, the last-evaluations mean
+    and the mean over all evaluations."""
+    finished: dict[str, list[dict]] = {}
+    for run in found:
+        if run["finished"]:
+            finished.setdefault(run["label"], []).append(run)
+    if len(finished.get(reference, [])) < 2:
+        return []
+    comparisons = []
+    for label, runs in finished.items():
+        if label == reference or len(runs) < 2:
+            continue
+        figures: dict = {"label": label, "reference": reference, "runs": len(runs), "reference_runs": len(finished[reference])}
+        for key in SUMMARY_KEYS:
+            ref_values, values = [run[key] for run in finished[reference]], [run[key] for run in runs]
+            lower, higher = permutation_pvalues(ref_values, values)
+            figures[key] = {"difference": float(np.mean(values) - np.mean(ref_values)), "p_lower": lower, "p_higher": higher}
+        comparisons.append(figures)
+    return comparisons
+
+
+def report_lines(
+    task: str, found: Sequence[dict], summary: Sequence[dict], comparisons: Sequence[dict], last: int, meta: dict
+) -> list[str]:
     def pm(pair: tuple[float, float] | None) -> str:
         return "" if pair is None else f"{pair[0]:.3f} ± {pair[1]:.3f}"
 
@@ -96,7 +157,7 @@ def report_lines(task: str, found: Sequence[dict], summary: Sequence[dict], last
     header += [f"trial {i + 1}" for i in range(n_trials)]
     rows = [
         [run["label"], run["seed"], run["commit"], f"{run['env_steps']:,}" + ("" if run["finished"] else " (unfinished)")]
-        + [f"{run[key]:.3f}" for key in ("final", "last_mean", "auc")]
+        + [f"{run[key]:.3f}" for key in SUMMARY_KEYS]
         + [f"{x:.2f}" for x in run["trials"]]
         + [""] * (n_trials - len(run["trials"]))
         for run in found
@@ -114,6 +175,16 @@ def report_lines(task: str, found: Sequence[dict], summary: Sequence[dict], last
             [[s["label"], s["runs"], pm(s["final"]), pm(s["last_mean"]), pm(s["auc"]), pm(s["trial_rise"])] for s in summary],
         )
     )
+    if comparisons:
+        reference = comparisons[0]["reference"]
+        lines += ["", f"Against `{reference}` (difference in mean; one-sided permutation p-values, lower / higher):", ""]
+        header = ["label", "runs", "final", f"last {last}", "mean over all"]
+        cells = [
+            [c["label"], f"{c['runs']} vs {c['reference_runs']}"]
+            + [f"{c[key]['difference']:+.3f} (p {c[key]['p_lower']:.3f} / {c[key]['p_higher']:.3f})" for key in SUMMARY_KEYS]
+            for c in comparisons
+        ]
+        lines.append(markdown_table(header, cells))
     return lines
 
 
@@ -123,17 +194,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--algo", nargs="+", default=["amago"], help="the rows' algorithms (any of them)")
     parser.add_argument("--runs", nargs="+", required=True, metavar="LABEL=CSV")
     parser.add_argument("--last", type=int, default=5, help="evaluations averaged at the end of a run")
+    parser.add_argument("--reference", help="the label the others are tested against (default: the first --runs label)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="run_table")
     args = parser.parse_args(argv)
-    found = collect(args.task, args.algo, parse_runs(args.runs), args.last)
+    runs = parse_runs(args.runs)
+    reference = args.reference or runs[0][0]
+    if reference not in {label for label, _ in runs}:
+        raise SystemExit(f"--reference {reference!r} is not one of the --runs labels {sorted({label for label, _ in runs})}")
+    found = collect(args.task, args.algo, runs, args.last)
     summary = per_label(found)
+    comparisons = against_reference(found, reference)
     meta = run_metadata()
     write_report(
         args.out_dir,
         args.name,
-        {"meta": meta, "runs": found, "per_label": summary},
-        report_lines(args.task, found, summary, args.last, meta),
+        {"meta": meta, "runs": found, "per_label": summary, "against_reference": comparisons},
+        report_lines(args.task, found, summary, comparisons, args.last, meta),
     )
 
 

@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -79,3 +80,43 @@ def test_run_table_reads_every_algorithm_asked_for_as_separate_runs(tmp_path: Pa
     assert {run["algo"]: run["final"] for run in payload["runs"]} == pytest.approx({"amago": 0.3, "amago_bf16": 0.7})
     with pytest.raises(SystemExit, match="no rows of task"):
         main([*args, "--algo", "amago_gru"])
+
+
+def test_permutation_pvalues_count_every_relabelling_or_a_seeded_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    import run_table
+
+    # reference [0, 1], other [2, 3]: of the 6 relabellings, only the observed one has a difference
+    # as high as +2, and every one is at most +2.
+    assert run_table.permutation_pvalues([0.0, 1.0], [2.0, 3.0]) == pytest.approx((1.0, 1 / 6))
+    # ties count on both sides: [0, 1, 2] against [1] is a difference of 0, and 2 of 4 relabellings are 0.
+    assert run_table.permutation_pvalues([0.0, 1.0, 2.0], [1.0]) == pytest.approx((3 / 4, 3 / 4))
+    rng = np.random.default_rng(3)
+    reference, other = rng.normal(0.0, 1.0, 7).tolist(), rng.normal(0.8, 1.0, 6).tolist()
+    exact = run_table.permutation_pvalues(reference, other)
+    monkeypatch.setattr(run_table, "EXACT_RELABELLINGS", 0)
+    sampled = run_table.permutation_pvalues(reference, other)
+    assert sampled == run_table.permutation_pvalues(reference, other), "the sample is seeded"
+    assert sampled == pytest.approx(exact, abs=0.01)  # 100,000 draws: standard error below 0.002
+    assert exact[0] + exact[1] >= 1.0  # the observed labelling is in both tails
+
+
+def test_run_table_tests_each_label_against_the_reference(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    for seed, score in enumerate([0.1, 0.2, 0.3]):
+        write_run(a, seed, [0.0, score], [[0, 0], [0, 0]])
+    for seed, score in enumerate([0.4, 0.5]):
+        write_run(b, seed, [0.0, score], [[0, 0], [0, 0]])
+    write_run(b, 9, [0.0, 0.9], [[0, 0], [0, 0]], finished=False)  # unfinished: not tested
+    args = ["--task", "DarkKeyToDoor5", "--runs", f"x={a}", f"y={b}", "--out-dir", str(tmp_path), "--name", "t"]
+    main(args)
+    (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
+    assert (c["label"], c["reference"], c["runs"], c["reference_runs"]) == ("y", "x", 2, 3)
+    # y's two runs are the top two of five: 1 relabelling of C(5, 2) = 10 as high.
+    assert c["final"]["difference"] == pytest.approx(0.45 - 0.2)
+    assert (c["final"]["p_lower"], c["final"]["p_higher"]) == pytest.approx((1.0, 0.1))
+    assert "| y | 2 vs 3 | +0.250 (p 1.000 / 0.100) |" in (tmp_path / "t.md").read_text()
+    main([*args, "--reference", "y"])
+    (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
+    assert c["label"] == "x" and c["final"]["p_lower"] == pytest.approx(0.1)
+    with pytest.raises(SystemExit, match="not one of the --runs labels"):
+        main([*args, "--reference", "z"])

@@ -92,6 +92,33 @@ def test_one_input_for_every_member_takes_one_product(expanded: bool) -> None:
     assert sum("onednn_linear" in name for name in log.names) == (3 if expanded else 12)
 
 
+@needs_onednn
+@pytest.mark.usefixtures("onednn")
+def test_members_products_backward_without_a_zero_filled_ensemble_per_member() -> None:
+    """Eager, the members' slices are taken by unbind (compiled, by indexing: inductor fuses that
+    backward): the same values and gradients as indexing, bit for bit, and no select_backward, which
+    makes a zero tensor of the whole input's or weight's shape per member."""
+    gen = th.Generator().manual_seed(3)
+    x, weight, b = th.randn(4, 30, 12, generator=gen), th.randn(4, 20, 8, generator=gen), th.randn(4, 1, 8, generator=gen)
+
+    def indexed(x, weight, b):
+        w = weight[:, 3:15]
+        return th.stack([cpu_matmul.onednn_linear(x[c], w[c].t(), b[c, 0]) for c in range(4)])
+
+    def ours(x, weight, b):
+        return ensemble_linear(x, weight[:, 3:15], b)
+
+    out, grads = _grads(ours, x, weight, b)
+    ref, ref_grads = _grads(indexed, x, weight, b)
+    assert th.equal(out, ref) and all(th.equal(mine, theirs) for mine, theirs in zip(grads, ref_grads))
+    leaves = [t.clone().requires_grad_() for t in (x, weight, b)]
+    out = ours(*leaves)
+    log = _OpLog()
+    with log:
+        out.sum().backward()
+    assert "aten.select_backward.default" not in log.names, "indexing's backward: a zero tensor per member"
+
+
 class _OpLog(th.utils._python_dispatch.TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

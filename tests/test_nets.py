@@ -13,6 +13,7 @@ from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_action_dim, preprocess_obs
 from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.keys import OBS_KEY
@@ -20,7 +21,12 @@ from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncod
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, observation_preprocessor
-from sb3_amago.nets.transformer import CPU_MATH_ATTENTION_MAX_STEPS, causal_attention, sinusoidal_embedding
+from sb3_amago.nets.transformer import (
+    CPU_MATH_ATTENTION_MAX_STEPS,
+    causal_attention,
+    causal_math_attention,
+    sinusoidal_embedding,
+)
 
 D_IN = 5
 SMALL = {
@@ -325,6 +331,28 @@ def test_causal_attention_is_causal_softmax_attention(length: int) -> None:
     expected_grads = th.autograd.grad(expected.square().sum(), (q, k, v))
     for grad, expected_grad in zip(grads, expected_grads):
         th.testing.assert_close(grad, expected_grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("length", [1, 7, 65])
+def test_causal_math_attention_is_torchs_math_backend_bit_for_bit(length: int) -> None:
+    """The same values and gradients as ``scaled_dot_product_attention`` on the math backend, on
+    query, key and value views of one projection laid out as the Transformer's (strided)."""
+    gen = th.Generator().manual_seed(length)
+    qkv_init = th.randn(3, 2, length, 4, 16, generator=gen).permute(0, 1, 3, 2, 4)  # (3, B, H, L, Dh)
+    grad_out = th.randn(2, 4, length, 16, generator=gen)
+
+    def run(fn) -> tuple[th.Tensor, th.Tensor]:
+        qkv = qkv_init.clone().requires_grad_()
+        out = fn(*qkv.unbind(0))
+        out.backward(grad_out)
+        return out.detach(), qkv.grad
+
+    def torchs(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+        with sdpa_kernel([SDPBackend.MATH]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    (out, grad), (ref, ref_grad) = run(causal_math_attention), run(torchs)
+    assert th.equal(out, ref) and th.equal(grad, ref_grad)
 
 
 @pytest.mark.skipif(not th.cuda.is_available(), reason="needs a GPU")

@@ -64,12 +64,28 @@ CPU_MATH_ATTENTION_MAX_STEPS = 129
 
 
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
-    """Causal self-attention over whole sequences, ``(B, H, L, Dh)`` each -> ``(B, H, L, Dh)``: torch's
-    math backend on a CPU up to :data:`CPU_MATH_ATTENTION_MAX_STEPS` steps, :func:`attention` otherwise."""
+    """Causal self-attention over whole sequences, ``(B, H, L, Dh)`` each -> ``(B, H, L, Dh)``:
+    :func:`causal_math_attention` on a CPU up to :data:`CPU_MATH_ATTENTION_MAX_STEPS` steps,
+    :func:`attention` otherwise."""
     if q.device.type == "cpu" and q.shape[-2] <= CPU_MATH_ATTENTION_MAX_STEPS:
-        with sdpa_kernel([SDPBackend.MATH]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return causal_math_attention(q, k, v)
     return attention(q, k, v, is_causal=True)
+
+
+def causal_math_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+    """torch's math backend for causal attention (``scaled_dot_product_attention`` under
+    ``SDPBackend.MATH`` with ``is_causal=True``), operator for operator, so the same values and
+    gradients bit for bit, less its softmax's check for rows with every score masked, which a
+    causal mask never has: that check (an ``all`` over the ``(B, H, L, L)`` scores and a ``where``)
+    took a fifth of the backend's eager time at ``(8, 8, 65, 16)`` (964 against 769 us forward and
+    backward, AMD EPYC, 2 threads). Compiled, the two are one graph: the same kernels and speed.
+    """
+    n, s = q.shape[-2], k.shape[-2]
+    future = th.ones(n, s, dtype=th.bool, device=q.device).triu_(1)
+    mask = th.zeros(n, s, dtype=q.dtype, device=q.device).masked_fill_(future, float("-inf"))  # (L, S)
+    root_scale = math.sqrt(1.0 / math.sqrt(q.shape[-1]))  # the backend scales q and k by it, each
+    scores = th.matmul(q * root_scale, k.transpose(-2, -1) * root_scale)  # (B, H, L, S)
+    return th.matmul(th.softmax(scores.add_(mask), -1), v)
 
 
 #: Position schemes: added to the layer-0 input ("sinusoidal", "learnable"), rotating queries and keys

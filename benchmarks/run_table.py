@@ -78,14 +78,26 @@ def collect(task: str, algos: Sequence[str], runs: Sequence[tuple[str, Path]], l
     return found
 
 
+#: Relabellings counted one by one up to this many (C(20, 10) = 184,756), else sampled.
+EXACT_RELABELLINGS = 200_000
+SAMPLED_RELABELLINGS = 100_000
+SUMMARY_KEYS = ("final", "last_mean", "auc")
+
+
+def finished_by_label(found: Sequence[dict]) -> dict[str, list[dict]]:
+    """Each label's finished runs, labels in order of first appearance (those with none left out)."""
+    finished: dict[str, list[dict]] = {}
+    for run in found:
+        if run["finished"]:
+            finished.setdefault(run["label"], []).append(run)
+    return finished
+
+
 def per_label(found: Sequence[dict]) -> list[dict]:
     """Mean and std over each label's finished runs of the final score, the last-evaluations mean,
     and the last trial's return minus the first's."""
     summary = []
-    for label in dict.fromkeys(run["label"] for run in found):
-        done = [run for run in found if run["label"] == label and run["finished"]]
-        if not done:
-            continue
+    for label, done in finished_by_label(found).items():
         figures = {"label": label, "runs": len(done)}
         for key in SUMMARY_KEYS:
             values = np.array([run[key] for run in done])
@@ -94,12 +106,6 @@ def per_label(found: Sequence[dict]) -> list[dict]:
         figures["trial_rise"] = (float(rises.mean()), float(rises.std())) if len(rises) else None
         summary.append(figures)
     return summary
-
-
-#: Relabellings counted one by one up to this many (C(20, 10) = 184,756), else sampled.
-EXACT_RELABELLINGS = 200_000
-SAMPLED_RELABELLINGS = 100_000
-SUMMARY_KEYS = ("final", "last_mean", "auc")
 
 
 def permutation_pvalues(reference: Sequence[float], other: Sequence[float], seed: int = 0) -> tuple[float, float]:
@@ -127,10 +133,7 @@ def against_reference(found: Sequence[dict], reference: str) -> list[dict]:
     """Each other label with two or more finished runs against ``reference``'s finished runs: the
     difference in mean and :func:`permutation_pvalues` of the final score, the last-evaluations mean
     and the mean over all evaluations."""
-    finished: dict[str, list[dict]] = {}
-    for run in found:
-        if run["finished"]:
-            finished.setdefault(run["label"], []).append(run)
+    finished = finished_by_label(found)
     if len(finished.get(reference, [])) < 2:
         return []
     comparisons = []

@@ -9,7 +9,13 @@ one update's products take (best of ``--repeats``), their GFLOP/s, and a 2,048-c
 the speed-up of oneDNN over the BLAS beside each, and the choice ``SB3_AMAGO_CPU_MATMUL=auto``
 makes on this CPU. The attention kernels are torch's either way and are not part of this.
 
+A replay leaves out what a library costs per call (oneDNN's about 11 us, MKL's about 2) and how it
+shares the cores with the rest of an update, so ``--update-rounds N`` also times the whole update,
+eager and compiled, with ``SB3_AMAGO_CPU_MATMUL=onednn`` and ``=blas`` in alternating fresh processes
+(``compare_commits.measure``), N rounds each: the medians and the median of the per-round ratios.
+
     python benchmarks/cpu_matmul.py --threads 2
+    python benchmarks/cpu_matmul.py --threads 2 --update-rounds 6 --name cpu_matmul_updates
     python benchmarks/cpu_matmul.py --threads 1 --length 256 --name cpu_matmul_L256_1thread
 
 Results: ``benchmarks/results/cpu_matmul.json`` / ``.md`` (``--name`` changes the file name).
@@ -17,12 +23,14 @@ Results: ``benchmarks/results/cpu_matmul.json`` / ``.md`` (``--name`` changes th
 
 import argparse
 import os
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch as th
 from bench_updates import MatrixOpRecorder, _timed, module_settings, replay_seconds, trained_model
-from common import write_results
+from common import REPO, write_results
+from compare_commits import load_average, measure
 from torch.nn import functional as F
 
 from sb3_amago.nets import cpu_matmul
@@ -60,11 +68,47 @@ def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return min(_timed(fn) for _ in range(repeats))
 
 
+def whole_updates(threads: int, length: int, rounds: int, compile_model: bool) -> dict[str, dict[str, Any]]:
+    """Updates/s of the working tree's reference update with each library forced, ``rounds`` rounds of
+    one fresh process per library, the order alternating from round to round."""
+    mode = "compiled" if compile_model else "eager"
+    runs: dict[str, list[float]] = {"onednn": [], "blas": []}
+    loads = []
+    for round_ in range(rounds):
+        for library in ("onednn", "blas") if round_ % 2 == 0 else ("blas", "onednn"):
+            loads.append(load_average())
+            rate = measure(
+                REPO, threads, length, 20, extra_env={cpu_matmul.ENV_VARIABLE: library}, compile_model=compile_model
+            )
+            runs[library].append(rate)
+            print(f"{mode} round {round_ + 1} {library}: {rate:.2f} updates/s (load {loads[-1]:.2f})", flush=True)
+    load_range = f"{min(loads):.2f}-{max(loads):.2f}"
+    figures = {
+        f"update_{mode}_{library}": {
+            "value": statistics.median(rates),
+            "unit": f"updates/s (L = {length}, median of {rounds} fresh processes)",
+            "runs": [round(rate, 3) for rate in rates],
+        }
+        for library, rates in runs.items()
+    }
+    ratios = [onednn / blas for onednn, blas in zip(runs["onednn"], runs["blas"])]
+    figures[f"onednn_speedup_update_{mode}"] = {
+        "value": statistics.median(ratios),
+        "unit": "x (median of per-round oneDNN / BLAS updates/s)",
+        "rounds_above_1": sum(ratio > 1 for ratio in ratios),
+        "load_average_range": load_range,
+    }
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--length", type=int, default=64, help="window length L of the reference update")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--update-rounds", type=int, default=0, help="also time whole updates, eager and compiled, with each library"
+    )
     parser.add_argument("--name", default="cpu_matmul")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
@@ -92,6 +136,8 @@ def main() -> None:
         "unit": "x (BLAS time / oneDNN time)",
     }
     figures["onednn_speedup_square"] = {"value": square["blas"] / square["onednn"], "unit": "x"}
+    for compile_model in (False, True) if args.update_rounds else ():
+        figures.update(whole_updates(args.threads, args.length, args.update_rounds, compile_model))
     for name, figure in figures.items():
         print(f"{name}: {figure}")
     choice = "onednn" if cpu_matmul.onednn_matmul_chosen() else "blas"
@@ -100,6 +146,7 @@ def main() -> None:
         "threads": args.threads,
         "length": args.length,
         "repeats": args.repeats,
+        "update_rounds": args.update_rounds,
         "gflop_per_update": update_flops / 1e9,
         "choice_here": f"{os.environ.get(cpu_matmul.ENV_VARIABLE, 'auto')} -> {choice}",
     }

@@ -167,11 +167,36 @@ def test_products_under_the_threshold_stay_on_the_blas(monkeypatch: pytest.Monke
     assert th.equal(th.ops.sb3_amago.onednn_linear(small, weight, None), F.linear(small, weight))
 
 
+def _cpuinfo(vendor: str, family: int, processors: int = 2) -> str:
+    """``/proc/cpuinfo``'s layout: one block of ``key\t: value`` lines per processor, blank-line separated."""
+    block = f"processor\t: {{}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 17\nflags\t\t: fpu avx512f\n"
+    return "\n".join(block.format(i) for i in range(processors))
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "expected"),
+    [
+        ("AuthenticAMD", 26, True),  # Zen 5: full-width AVX-512, oneDNN 2x MKL's generic path
+        ("AuthenticAMD", 27, True),
+        ("AuthenticAMD", 25, False),  # Zen 4: AVX-512 in two halves, MKL as fast and cheaper per call
+        ("GenuineIntel", 6, False),
+    ],
+)
+def test_onednn_is_picked_only_on_amd_cpus_with_full_width_avx512(vendor: str, family: int, expected: bool) -> None:
+    assert cpu_matmul.amd_with_full_width_avx512(_cpuinfo(vendor, family)) is expected
+
+
+def test_only_the_first_processor_of_cpuinfo_is_read() -> None:
+    mixed = _cpuinfo("GenuineIntel", 6, processors=1) + "\n" + _cpuinfo("AuthenticAMD", 26, processors=1)
+    assert cpu_matmul.amd_with_full_width_avx512(mixed) is False
+    assert cpu_matmul.amd_with_full_width_avx512("") is False
+
+
 def test_the_choice_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "blas")
     assert cpu_matmul.onednn_matmul_chosen() is False
     monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "auto")
-    assert cpu_matmul.onednn_matmul_chosen() == (cpu_matmul._onednn_available() and cpu_matmul._amd_with_avx512())
+    assert cpu_matmul.onednn_matmul_chosen() == (cpu_matmul._onednn_available() and cpu_matmul._onednn_faster_here())
     monkeypatch.setenv(cpu_matmul.ENV_VARIABLE, "onednn")
     if cpu_matmul._onednn_available():
         assert cpu_matmul.onednn_matmul_chosen() is True

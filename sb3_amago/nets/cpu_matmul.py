@@ -1,18 +1,22 @@
 """The networks' fp32 matrix products on oneDNN, on CPUs where torch's BLAS runs a slow code path.
 
 torch's x86 builds send fp32 matrix products (``F.linear``, ``bmm``, ``baddbmm``) to MKL. On AMD
-processors MKL runs a generic code path without AVX-512: on an AMD EPYC with AVX-512 (Zen 5), two
-cores, a 2,048-cubed fp32 product runs at about 210 GFLOP/s there and at 450-470 on oneDNN, the
-other matrix library inside torch (the one autocast's bf16 products already use), and the
-reference update's own products take 1.5-1.6x less time (``benchmarks/cpu_matmul.py``). So
-:func:`linear`, :class:`Linear` and :func:`ensemble_linear` compute their products with oneDNN where
-:data:`ONEDNN` says so, and call torch's own functions everywhere else: other devices, other dtypes,
-under autocast (whose bf16 products are oneDNN's already), products too small to gain
-(:data:`ONEDNN_MIN_MACS`), and CPUs where MKL is the fast one.
+processors MKL runs a generic code path without AVX-512: on an AMD EPYC of the Zen 5 generation
+(CPU family 26), whose cores execute 512-bit instructions at full width, two cores, a 2,048-cubed
+fp32 product runs at about 210 GFLOP/s there and at 450-470 on oneDNN, the other matrix library
+inside torch (the one autocast's bf16 products already use), and the reference update's own products
+take 1.5-1.6x less time (``benchmarks/cpu_matmul.py``). On Zen 4 (family 25), which splits each
+512-bit instruction in two 256-bit halves, AVX-512 gains nothing over MKL's path: the update's
+products took as long on both libraries and the whole update ran 6-17% faster on MKL, whose calls
+cost less. So :func:`linear`, :class:`Linear` and :func:`ensemble_linear` compute their products
+with oneDNN where :data:`ONEDNN` says so, and call torch's own functions everywhere else: other
+devices, other dtypes, under autocast (whose bf16 products are oneDNN's already), products too
+small to gain (:data:`ONEDNN_MIN_MACS`), and CPUs where MKL is as fast.
 
 The choice is made once per process, at import, from ``SB3_AMAGO_CPU_MATMUL``: ``auto`` (the
-default) picks oneDNN on AMD x86 CPUs with AVX-512 and torch's BLAS elsewhere, ``onednn`` and
-``blas`` force one. Both compute in fp32 with fp32 accumulation; only the order of the sums differs.
+default) picks oneDNN on AMD x86 CPUs of family 26 or later on which torch runs AVX-512 code, and
+torch's BLAS elsewhere; ``onednn`` and ``blas`` force one. Both compute in fp32 with fp32
+accumulation; only the order of the sums differs.
 
 Under ``torch.compile`` the product is the operator ``sb3_amago::onednn_linear``, opaque to the
 compiler, whose backward runs on the same operator.
@@ -33,16 +37,32 @@ ENV_VARIABLE = "SB3_AMAGO_CPU_MATMUL"
 CHOICES = ("auto", "onednn", "blas")
 
 
-def _amd_with_avx512() -> bool:
-    """An AMD x86 CPU on which torch dispatches AVX-512 code (read from ``/proc/cpuinfo``: Linux only)."""
+#: The first AMD CPU family whose cores run 512-bit instructions at full width (Zen 5).
+FULL_WIDTH_AVX512_AMD_FAMILY = 26
+
+
+def amd_with_full_width_avx512(cpuinfo: str) -> bool:
+    """Whether ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) describes an AMD CPU of family
+    :data:`FULL_WIDTH_AVX512_AMD_FAMILY` or later: its first processor's ``vendor_id`` and ``cpu family``."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the blank line after the first processor
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    family = fields.get("cpu family", "")
+    return fields.get("vendor_id") == "AuthenticAMD" and family.isdigit() and int(family) >= FULL_WIDTH_AVX512_AMD_FAMILY
+
+
+def _onednn_faster_here() -> bool:
+    """Whether this CPU is one where oneDNN's fp32 products beat MKL's: torch dispatches AVX-512 code
+    and :func:`amd_with_full_width_avx512` holds for ``/proc/cpuinfo`` (Linux only)."""
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.exists() or th.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
         return False
-    with cpuinfo.open() as f:
-        for line in f:
-            if line.startswith("vendor_id"):
-                return "AuthenticAMD" in line
-    return False
+    return amd_with_full_width_avx512(cpuinfo.read_text())
 
 
 def _onednn_available() -> bool:
@@ -66,7 +86,7 @@ def onednn_matmul_chosen() -> bool:
                 "unset it, or set it to blas"
             )
         return False
-    return choice == "onednn" or _amd_with_avx512()
+    return choice == "onednn" or _onednn_faster_here()
 
 
 #: This process's choice: fp32 CPU products on oneDNN. A constant to ``torch.compile`` (it guards on it).

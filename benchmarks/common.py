@@ -16,6 +16,8 @@ from typing import Any
 
 import torch as th
 
+from sb3_amago.nets.cpu_matmul import first_processor
+
 RESULTS_DIR = Path(__file__).parent / "results"
 
 
@@ -28,12 +30,16 @@ def add_learning_run_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers (``AMD EPYC (family 25, model 17)``): a
+    virtual machine's model name can hide the generation (Zen 4 and Zen 5 both read ``AMD EPYC``)."""
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    if not cpuinfo.exists():
+        return platform.processor() or "unknown"
+    fields = first_processor(cpuinfo.read_text())
+    name = fields.get("model name", platform.processor() or "unknown")
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def git_commit() -> str:

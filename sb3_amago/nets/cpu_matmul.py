@@ -41,9 +41,9 @@ CHOICES = ("auto", "onednn", "blas")
 FULL_WIDTH_AVX512_AMD_FAMILY = 26
 
 
-def amd_with_full_width_avx512(cpuinfo: str) -> bool:
-    """Whether ``cpuinfo`` (the text of Linux's ``/proc/cpuinfo``) describes an AMD CPU of family
-    :data:`FULL_WIDTH_AVX512_AMD_FAMILY` or later: its first processor's ``vendor_id`` and ``cpu family``."""
+def first_processor(cpuinfo: str) -> dict[str, str]:
+    """The ``key: value`` fields of the first processor in ``cpuinfo``, the text of Linux's
+    ``/proc/cpuinfo`` (one block per processor, blank-line separated)."""
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
@@ -52,6 +52,13 @@ def amd_with_full_width_avx512(cpuinfo: str) -> bool:
                 break  # the blank line after the first processor
             continue
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def amd_with_full_width_avx512(cpuinfo: str) -> bool:
+    """Whether ``cpuinfo`` (the text of ``/proc/cpuinfo``) describes an AMD CPU of family
+    :data:`FULL_WIDTH_AVX512_AMD_FAMILY` or later (its first processor's ``vendor_id`` and ``cpu family``)."""
+    fields = first_processor(cpuinfo)
     family = fields.get("cpu family", "")
     return fields.get("vendor_id") == "AuthenticAMD" and family.isdigit() and int(family) >= FULL_WIDTH_AVX512_AMD_FAMILY
 

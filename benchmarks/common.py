@@ -33,10 +33,8 @@ def cpu_model() -> str:
     """The CPU's model name with its family and model numbers (``AMD EPYC (family 25, model 17)``): a
     virtual machine's model name can hide the generation (Zen 4 and Zen 5 both read ``AMD EPYC``)."""
     cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return platform.processor() or "unknown"
-    fields = first_processor(cpuinfo.read_text())
-    name = fields.get("model name", platform.processor() or "unknown")
+    fields = first_processor(cpuinfo.read_text()) if cpuinfo.exists() else {}
+    name = fields.get("model name") or platform.processor() or "unknown"
     if "cpu family" in fields and "model" in fields:
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"
     return name

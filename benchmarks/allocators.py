@@ -18,8 +18,8 @@ import argparse
 import ctypes.util
 import statistics
 
-from common import REPO, RESULTS_DIR, write_results
-from compare_commits import load_average, measure
+from common import RESULTS_DIR, write_results
+from compare_commits import measure_rounds
 
 #: The baseline: no preload, glibc's malloc.
 GLIBC = "glibc"
@@ -49,23 +49,19 @@ def main() -> None:
     sides = {name: path for name, path in preloads.items() if name == GLIBC or path is not None}
     figures: dict[str, dict] = {}
     for length in args.lengths:
-        runs: dict[str, list[float]] = {name: [] for name in sides}
-        loads: list[float] = []
-        for round_ in range(args.rounds):
-            for name, path in sides.items():
-                loads.append(load_average())
-                env = {"LD_PRELOAD": path} if path else None
-                runs[name].append(measure(REPO, args.threads, length, args.updates, extra_env=env, compile_model=args.compile))
-                print(f"L={length} round {round_ + 1} {name}: {runs[name][-1]:.2f} updates/s (load {loads[-1]:.2f})")
+        settings = {
+            name: {"extra_env": {"LD_PRELOAD": path} if path else None, "compile_model": args.compile}
+            for name, path in sides.items()
+        }
+        result = measure_rounds(settings, args.threads, length, args.updates, args.rounds, label=f"L={length} ")
         for name, path in sides.items():
-            ratios = [run / base for base, run in zip(runs[GLIBC], runs[name])]
             figures[f"{name}_L{length}"] = {
-                "value": statistics.median(runs[name]),
+                "value": result.median(name),
                 "unit": "updates/s (median)",
-                "ratio_to_glibc": round(statistics.median(ratios), 3),
-                "runs": [round(v, 3) for v in runs[name]],
+                "ratio_to_glibc": round(statistics.median(result.ratios(name, GLIBC)), 3),
+                "runs": [round(v, 3) for v in result.runs[name]],
                 "preload": path or "none",
-                "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
+                "load_average_range": result.load_range,
             }
             print(f"L={length} {name}: {figures[f'{name}_L{length}']}")
     config = {

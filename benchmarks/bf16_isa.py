@@ -14,11 +14,9 @@ Results: ``benchmarks/results/bf16_isa.json`` / ``.md``.
 """
 
 import argparse
-import os
-import statistics
 
-from common import REPO, RESULTS_DIR, write_results
-from compare_commits import measure
+from common import RESULTS_DIR, write_results
+from compare_commits import measure_rounds
 
 #: Setting -> (precision, oneDNN's instruction-set cap; ALL: none).
 SETTINGS = {
@@ -36,27 +34,23 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--updates", type=int, default=10, help="timed updates per measurement")
     args = parser.parse_args()
-    runs: dict[str, list[float]] = {name: [] for name in SETTINGS}
-    loads: list[float] = []
-    for round_ in range(args.rounds):
-        for name, (precision, isa) in SETTINGS.items():
-            loads.append(os.getloadavg()[0])
-            runs[name].append(measure(REPO, args.threads, args.length, args.updates, precision, {"ONEDNN_MAX_CPU_ISA": isa}))
-            print(f"round {round_ + 1} {name}: {runs[name][-1]:.2f} updates/s (load {loads[-1]:.2f})", flush=True)
-    fp32 = statistics.median(runs["fp32"])
+    settings = {
+        name: {"precision": precision, "extra_env": {"ONEDNN_MAX_CPU_ISA": isa}} for name, (precision, isa) in SETTINGS.items()
+    }
+    result = measure_rounds(settings, args.threads, args.length, args.updates, args.rounds)
     figures = {
         f"updates_per_s_{name}": {
-            "value": statistics.median(values),
+            "value": result.median(name),
             "unit": "updates/s (median)",
-            "ratio_to_fp32": statistics.median(values) / fp32,
-            "runs": [round(v, 3) for v in values],
+            "ratio_to_fp32": result.median(name) / result.median("fp32"),
+            "runs": [round(v, 3) for v in result.runs[name]],
         }
-        for name, values in runs.items()
+        for name in SETTINGS
     }
     figures["load_average"] = {
-        "value": max(loads),
+        "value": max(result.loads),
         "unit": "highest 1-minute load average",
-        "range": f"{min(loads):.2f}-{max(loads):.2f}",
+        "range": result.load_range,
     }
     config = {"length": args.length, "batch_size": 8, "threads": args.threads, "rounds": args.rounds, "updates": args.updates}
     write_results("bf16_isa", config, figures, RESULTS_DIR)

@@ -30,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,52 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+@dataclass
+class Rounds:
+    """Updates/s of each setting in round order, and the 1-minute load average read before each
+    measurement."""
+
+    runs: dict[str, list[float]]
+    loads: list[float]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.runs[name])
+
+    def ratios(self, name: str, reference: str) -> list[float]:
+        """``name``'s rate over ``reference``'s, round by round."""
+        return [run / ref for run, ref in zip(self.runs[name], self.runs[reference])]
+
+    @property
+    def load_range(self) -> str:
+        return f"{min(self.loads):.2f}-{max(self.loads):.2f}"
+
+
+def measure_rounds(
+    settings: dict[str, dict[str, Any]],
+    threads: int,
+    length: int,
+    updates: int,
+    rounds: int,
+    alternate: bool = False,
+    label: str = "",
+) -> Rounds:
+    """Updates/s under each of ``settings`` (name -> keyword arguments of :func:`measure` besides
+    ``threads``, ``length`` and ``updates``; ``tree`` is the working tree unless given): one fresh
+    process per setting per round, the settings in their order, or with ``alternate`` reversed every
+    other round."""
+    result = Rounds({name: [] for name in settings}, [])
+    for round_ in range(rounds):
+        order = list(settings)[:: -1 if alternate and round_ % 2 else 1]
+        for name in order:
+            kwargs = dict(settings[name])
+            tree = kwargs.pop("tree", REPO)
+            result.loads.append(load_average())
+            result.runs[name].append(measure(tree, threads, length, updates, **kwargs))
+            rate, load = result.runs[name][-1], result.loads[-1]
+            print(f"{label}round {round_ + 1} {name}: {rate:.2f} updates/s (load {load:.2f})", flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, help="git revision to compare the working tree against")
@@ -135,29 +182,23 @@ def main() -> None:
     figures: dict[str, dict] = {}
     with git_worktree(base_commit) as base_tree:
         for length in args.lengths:
-            sides: dict[str, list[float]] = {"base": [], "new": []}
-            loads: list[float] = []
-            for round_ in range(args.rounds):
-                for side, tree in (("base", base_tree), ("new", REPO)):
-                    loads.append(load_average())
-                    compiled = args.compile and side == "new"
-                    sides[side].append(
-                        measure(tree, args.threads, length, args.updates, precision[side], compile_model=compiled)
-                    )
-                    print(f"L={length} round {round_ + 1} {side}: {sides[side][-1]:.2f} updates/s (load {loads[-1]:.2f})")
-            ratios = [new / base for base, new in zip(sides["base"], sides["new"])]
+            settings = {
+                "base": {"tree": base_tree, "precision": precision["base"]},
+                "new": {"precision": precision["new"], "compile_model": args.compile},
+            }
+            sides = measure_rounds(settings, args.threads, length, args.updates, args.rounds, label=f"L={length} ")
             figures[f"speedup_L{length}"] = {
-                "value": statistics.median(ratios),
+                "value": statistics.median(sides.ratios("new", "base")),
                 "unit": "x (median of per-round ratios)",
-                "base_median_updates_per_s": statistics.median(sides["base"]),
-                "new_median_updates_per_s": statistics.median(sides["new"]),
-                "base_runs": [round(v, 3) for v in sides["base"]],
-                "new_runs": [round(v, 3) for v in sides["new"]],
-                "load_average_range": f"{min(loads):.2f}-{max(loads):.2f}",
+                "base_median_updates_per_s": sides.median("base"),
+                "new_median_updates_per_s": sides.median("new"),
+                "base_runs": [round(v, 3) for v in sides.runs["base"]],
+                "new_runs": [round(v, 3) for v in sides.runs["new"]],
+                "load_average_range": sides.load_range,
             }
             print(f"L={length}: {figures[f'speedup_L{length}']}")
             if args.bound:
-                figures[f"speedup_bound_L{length}"] = bound(args, length, precision["new"], statistics.median(sides["base"]))
+                figures[f"speedup_bound_L{length}"] = bound(args, length, precision["new"], sides.median("base"))
                 print(f"L={length} bound: {figures[f'speedup_bound_L{length}']}")
     config = {
         "base": base_commit,

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch as th
 from bench_updates import MatrixOpRecorder, _timed, module_settings, replay_seconds, trained_model
-from common import REPO, write_results
-from compare_commits import load_average, measure
+from common import write_results
+from compare_commits import measure_rounds
 from torch.nn import functional as F
 
 from sb3_amago.nets import cpu_matmul
@@ -72,31 +72,25 @@ def whole_updates(threads: int, length: int, rounds: int, compile_model: bool) -
     """Updates/s of the working tree's reference update with each library forced, ``rounds`` rounds of
     one fresh process per library, the order alternating from round to round."""
     mode = "compiled" if compile_model else "eager"
-    runs: dict[str, list[float]] = {"onednn": [], "blas": []}
-    loads = []
-    for round_ in range(rounds):
-        for library in ("onednn", "blas") if round_ % 2 == 0 else ("blas", "onednn"):
-            loads.append(load_average())
-            rate = measure(
-                REPO, threads, length, 20, extra_env={cpu_matmul.ENV_VARIABLE: library}, compile_model=compile_model
-            )
-            runs[library].append(rate)
-            print(f"{mode} round {round_ + 1} {library}: {rate:.2f} updates/s (load {loads[-1]:.2f})", flush=True)
-    load_range = f"{min(loads):.2f}-{max(loads):.2f}"
+    settings = {
+        library: {"extra_env": {cpu_matmul.ENV_VARIABLE: library}, "compile_model": compile_model}
+        for library in ("onednn", "blas")
+    }
+    result = measure_rounds(settings, threads, length, 20, rounds, alternate=True, label=f"{mode} ")
     figures = {
         f"update_{mode}_{library}": {
-            "value": statistics.median(rates),
+            "value": result.median(library),
             "unit": f"updates/s (L = {length}, median of {rounds} fresh processes)",
-            "runs": [round(rate, 3) for rate in rates],
+            "runs": [round(rate, 3) for rate in result.runs[library]],
         }
-        for library, rates in runs.items()
+        for library in settings
     }
-    ratios = [onednn / blas for onednn, blas in zip(runs["onednn"], runs["blas"])]
+    ratios = result.ratios("onednn", "blas")
     figures[f"onednn_speedup_update_{mode}"] = {
         "value": statistics.median(ratios),
         "unit": "x (median of per-round oneDNN / BLAS updates/s)",
         "rounds_above_1": sum(ratio > 1 for ratio in ratios),
-        "load_average_range": load_range,
+        "load_average_range": result.load_range,
     }
     return figures
 

@@ -23,7 +23,7 @@ def test_each_allocator_is_preloaded_into_its_own_measurements(monkeypatch: pyte
         return 20.0 if preload else 10.0
 
     monkeypatch.setattr(ctypes.util, "find_library", libraries.get)
-    monkeypatch.setattr(allocators, "measure", fake_measure)
+    monkeypatch.setattr(compare_commits, "measure", fake_measure)
     monkeypatch.setattr(allocators, "RESULTS_DIR", tmp_path)
     argv = ["allocators.py", "--lengths", "8", "--rounds", "2", "--allocators", "fastalloc", "absent", "--compile"]
     monkeypatch.setattr(sys, "argv", argv)

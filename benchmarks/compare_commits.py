@@ -12,6 +12,7 @@ of the per-round ratios are reported, with the load average beside every figure.
     python benchmarks/compare_commits.py --base b580c91 --precision bf16 --base-precision fp32   # bf16 against an fp32 base
     python benchmarks/compare_commits.py --base b580c91 --compile   # the working tree with compile_model=True
     python benchmarks/compare_commits.py --base b580c91 --compile --bound   # and the most it could gain
+    python benchmarks/compare_commits.py --base HEAD --compile --compile-base   # both sides compiled
 
 ``--bound`` adds, per window length, the working tree's own floor measured after the rounds in one
 more fresh process (``bench_updates.roofline`` at its precision and compile setting): its matrix
@@ -173,6 +174,9 @@ def main() -> None:
     )
     parser.add_argument("--compile", action="store_true", help="the working tree with compile_model=True (the base eager)")
     parser.add_argument(
+        "--compile-base", action="store_true", help="the base with compile_model=True too (a base that has the option)"
+    )
+    parser.add_argument(
         "--bound", action="store_true", help="also the working tree's matrix replay + overhead floor (see the docstring)"
     )
     parser.add_argument("--name", default="compare_commits")
@@ -183,7 +187,7 @@ def main() -> None:
     with git_worktree(base_commit) as base_tree:
         for length in args.lengths:
             settings = {
-                "base": {"tree": base_tree, "precision": precision["base"]},
+                "base": {"tree": base_tree, "precision": precision["base"], "compile_model": args.compile_base},
                 "new": {"precision": precision["new"], "compile_model": args.compile},
             }
             sides = measure_rounds(settings, args.threads, length, args.updates, args.rounds, label=f"L={length} ")
@@ -208,6 +212,7 @@ def main() -> None:
         "precision": precision["new"],
         "base_precision": precision["base"],
         "compile_model": args.compile,
+        "base_compile_model": args.compile_base,
         "bound": args.bound,
     }
     write_results(args.name, config, figures, RESULTS_DIR)

@@ -16,6 +16,11 @@ labels' finished runs whose difference is at least as low (``p lower``) or at le
 (``p higher``) as the one observed. Every relabelling is counted where there are at most
 ``EXACT_RELABELLINGS`` of them, else a seeded random sample of ``SAMPLED_RELABELLINGS``. Pick the
 direction before looking: a test of "did the change make it worse" reads ``p lower``.
+
+With ``--margin M``, each comparison also tests non-inferiority: ``p not worse by M`` is the
+``p higher`` of the label's values raised by M, against the hypothesis that its mean is M or more
+below the reference's. Below 0.05, the one-sided 95% permutation confidence bound of the difference
+is above -M: the label is no worse than the reference by M or more.
 """
 
 import argparse
@@ -129,10 +134,10 @@ def permutation_pvalues(reference: Sequence[float], other: Sequence[float], seed
     return float(lower), float(higher)
 
 
-def against_reference(found: Sequence[dict], reference: str) -> list[dict]:
+def against_reference(found: Sequence[dict], reference: str, margin: float | None = None) -> list[dict]:
     """Each other label with two or more finished runs against ``reference``'s finished runs: the
     difference in mean and :func:`permutation_pvalues` of the final score, the last-evaluations mean
-    and the mean over all evaluations."""
+    and the mean over all evaluations; with ``margin``, the non-inferiority p-value (module docstring)."""
     finished = finished_by_label(found)
     if len(finished.get(reference, [])) < 2:
         return []
@@ -141,10 +146,13 @@ def against_reference(found: Sequence[dict], reference: str) -> list[dict]:
         if label == reference or len(runs) < 2:
             continue
         figures: dict = {"label": label, "reference": reference, "runs": len(runs), "reference_runs": len(finished[reference])}
+        figures["margin"] = margin
         for key in SUMMARY_KEYS:
             ref_values, values = [run[key] for run in finished[reference]], [run[key] for run in runs]
             lower, higher = permutation_pvalues(ref_values, values)
             figures[key] = {"difference": float(np.mean(values) - np.mean(ref_values)), "p_lower": lower, "p_higher": higher}
+            if margin is not None:
+                figures[key]["p_not_worse_by_margin"] = permutation_pvalues(ref_values, [v + margin for v in values])[1]
         comparisons.append(figures)
     return comparisons
 
@@ -188,6 +196,19 @@ def report_lines(
             for c in comparisons
         ]
         lines.append(markdown_table(header, cells))
+        margin = comparisons[0]["margin"]
+        if margin is not None:
+            lines += [
+                "",
+                f"Non-inferiority with a margin of {margin} (p of a mean {margin} or more below `{reference}`'s):",
+                "",
+            ]
+            cells = [
+                [c["label"], f"{c['runs']} vs {c['reference_runs']}"]
+                + [f"{c[key]['p_not_worse_by_margin']:.3f}" for key in SUMMARY_KEYS]
+                for c in comparisons
+            ]
+            lines.append(markdown_table(header, cells))
     return lines
 
 
@@ -198,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", required=True, metavar="LABEL=CSV")
     parser.add_argument("--last", type=int, default=5, help="evaluations averaged at the end of a run")
     parser.add_argument("--reference", help="the label the others are tested against (default: the first --runs label)")
+    parser.add_argument("--margin", type=float, help="also test non-inferiority by this margin (see the docstring)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="run_table")
     args = parser.parse_args(argv)
@@ -207,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"--reference {reference!r} is not one of the --runs labels {sorted({label for label, _ in runs})}")
     found = collect(args.task, args.algo, runs, args.last)
     summary = per_label(found)
-    comparisons = against_reference(found, reference)
+    comparisons = against_reference(found, reference, args.margin)
     meta = run_metadata()
     write_report(
         args.out_dir,

@@ -120,3 +120,24 @@ def test_run_table_tests_each_label_against_the_reference(tmp_path: Path) -> Non
     assert c["label"] == "x" and c["final"]["p_lower"] == pytest.approx(0.1)
     with pytest.raises(SystemExit, match="not one of the --runs labels"):
         main([*args, "--reference", "z"])
+
+
+def test_a_margin_tests_that_a_label_is_not_worse_than_the_reference_by_it(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    for seed, score in enumerate([0.1, 0.2, 0.3]):
+        write_run(a, seed, [0.0, score], [[0, 0], [0, 0]])
+    for seed, score in enumerate([0.15, 0.25]):
+        write_run(b, seed, [0.0, score], [[0, 0], [0, 0]])
+    args = ["--task", "DarkKeyToDoor5", "--runs", f"x={a}", f"y={b}", "--out-dir", str(tmp_path), "--name", "t"]
+    main([*args, "--margin", "0.5"])
+    (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
+    # raised by 0.5, y's runs (0.65, 0.75) are the top two of five: 1 relabelling of 10 as high.
+    assert c["margin"] == 0.5 and c["final"]["p_not_worse_by_margin"] == pytest.approx(0.1)
+    assert c["final"]["difference"] == pytest.approx(0.0), "the difference itself is not shifted"
+    assert "Non-inferiority with a margin of 0.5" in (tmp_path / "t.md").read_text()
+    main([*args, "--margin", "0"])
+    (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
+    assert c["final"]["p_not_worse_by_margin"] == c["final"]["p_higher"], "no margin: the plain p higher"
+    main(args)
+    (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
+    assert "p_not_worse_by_margin" not in c["final"] and "Non-inferiority" not in (tmp_path / "t.md").read_text()

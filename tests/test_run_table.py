@@ -36,6 +36,16 @@ def write_run(
         )
 
 
+def two_labels(tmp_path: Path, x_finals: list[float], y_finals: list[float]) -> list[str]:
+    """One finished two-evaluation run per final score, label x in a.csv and y in b.csv; returns
+    run_table's arguments for them."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    for path, finals in ((a, x_finals), (b, y_finals)):
+        for seed, score in enumerate(finals):
+            write_run(path, seed, [0.0, score], [[0, 0], [0, 0]])
+    return ["--task", "DarkKeyToDoor5", "--runs", f"x={a}", f"y={b}", "--out-dir", str(tmp_path), "--name", "t"]
+
+
 def test_run_table_summarises_each_run_and_each_label_over_its_finished_runs(tmp_path: Path) -> None:
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     write_run(a, 0, [0.0, 0.2, 0.4, 0.6], [[0, 0], [0, 1], [1, 2], [1, 3]])
@@ -101,13 +111,8 @@ def test_permutation_pvalues_count_every_relabelling_or_a_seeded_sample(monkeypa
 
 
 def test_run_table_tests_each_label_against_the_reference(tmp_path: Path) -> None:
-    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
-    for seed, score in enumerate([0.1, 0.2, 0.3]):
-        write_run(a, seed, [0.0, score], [[0, 0], [0, 0]])
-    for seed, score in enumerate([0.4, 0.5]):
-        write_run(b, seed, [0.0, score], [[0, 0], [0, 0]])
-    write_run(b, 9, [0.0, 0.9], [[0, 0], [0, 0]], finished=False)  # unfinished: not tested
-    args = ["--task", "DarkKeyToDoor5", "--runs", f"x={a}", f"y={b}", "--out-dir", str(tmp_path), "--name", "t"]
+    args = two_labels(tmp_path, [0.1, 0.2, 0.3], [0.4, 0.5])
+    write_run(tmp_path / "b.csv", 9, [0.0, 0.9], [[0, 0], [0, 0]], finished=False)  # unfinished: not tested
     main(args)
     (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
     assert (c["label"], c["reference"], c["runs"], c["reference_runs"]) == ("y", "x", 2, 3)
@@ -123,12 +128,7 @@ def test_run_table_tests_each_label_against_the_reference(tmp_path: Path) -> Non
 
 
 def test_a_margin_tests_that_a_label_is_not_worse_than_the_reference_by_it(tmp_path: Path) -> None:
-    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
-    for seed, score in enumerate([0.1, 0.2, 0.3]):
-        write_run(a, seed, [0.0, score], [[0, 0], [0, 0]])
-    for seed, score in enumerate([0.15, 0.25]):
-        write_run(b, seed, [0.0, score], [[0, 0], [0, 0]])
-    args = ["--task", "DarkKeyToDoor5", "--runs", f"x={a}", f"y={b}", "--out-dir", str(tmp_path), "--name", "t"]
+    args = two_labels(tmp_path, [0.1, 0.2, 0.3], [0.15, 0.25])
     main([*args, "--margin", "0.5"])
     (c,) = json.loads((tmp_path / "t.json").read_text())["against_reference"]
     # raised by 0.5, y's runs (0.65, 0.75) are the top two of five: 1 relabelling of 10 as high.

@@ -521,9 +521,11 @@ def test_fast_dropout_drops_at_its_rate_and_keeps_the_expectation(p: float) -> N
     mask = keep_mask(th.Size((400, 1000)), p, th.float32, th.device("cpu"))
     p_eff = round(p * 2**15) / 2**15
     assert mask.unique().tolist() == pytest.approx([0.0, 1.0 / (1.0 - p_eff)])
-    fields = (mask == 0).float().view(-1, 4).mean(0)  # each 16-bit field of a draw, the short top one included
+    fields = (mask == 0).float().view(-1, 4).mean(0)  # each 16-bit field of a draw
     assert fields.tolist() == pytest.approx([p_eff] * 4, abs=0.006)
     assert mask.mean().item() == pytest.approx(1.0, abs=0.01)
+    neighbours = (mask[:, 1:] == 0) & (mask[:, :-1] == 0)  # no dependence between adjacent elements
+    assert neighbours.float().mean().item() == pytest.approx(p_eff**2, abs=0.006)
 
     layer = FastDropout(p)
     x = th.randn(3, 7, 11, requires_grad=True)
@@ -531,34 +533,57 @@ def test_fast_dropout_drops_at_its_rate_and_keeps_the_expectation(p: float) -> N
     y = layer(x)
     th.manual_seed(1)
     assert th.equal(layer(x), y)  # torch's generator seeds it
+    assert not th.equal(layer(x), y)  # and a second call draws another mask
     y.sum().backward()
     assert th.allclose(x.grad, (y / x).detach())  # the gradient is the mask
     assert th.equal(layer.eval()(x), x)
 
 
+def test_fast_dropout_draws_are_splitmix64() -> None:
+    """Draw ``d`` of a mask is SplitMix64's output for the state ``key + d * GAMMA``: the published
+    first outputs of SplitMix64 seeded with 1234567 (it adds GAMMA before each output)."""
+    from sb3_amago.nets.dropout import _GAMMA, splitmix64
+
+    seed = 1234567
+    outputs = splitmix64(th.arange(1, 6, dtype=th.int64) * _GAMMA + seed)
+    expected = [6457827717110365317, 3203168211198807973, 9817491932198370423, 4593380528125082431, 16408922859458223821]
+    assert [value % 2**64 for value in outputs.tolist()] == expected
+
+
 @pytest.mark.parametrize("shape", [(3, 7, 11), (8, 65, 128), (2, 6), (5,)])
 def test_fast_dropout_mask_follows_each_field_of_its_draws(shape: tuple[int, ...]) -> None:
-    """Whatever the row width the comparison runs in (it depends on the number of draws), element
-    ``i`` is kept exactly when 16-bit field ``i % 4`` of draw ``i // 4`` is at or above its range's
-    threshold."""
-    from sb3_amago.nets.dropout import keep_mask
+    """Element ``i`` is kept exactly when 16-bit field ``i % 4`` of draw ``i // 4`` is at or above the
+    threshold, computed here from the key with Python integers; the per-element form that
+    ``torch.compile`` fuses gives the same mask."""
+    from sb3_amago.nets.dropout import draw_key, keep_mask, traced_keep_mask
 
     p = 0.05
     steps = round(p * 2**15)
     n = math.prod(shape)
     th.manual_seed(3)
-    mask = keep_mask(th.Size(shape), p, th.float32, th.device("cpu"))
+    key = draw_key(th.device("cpu"))
+    mask = keep_mask(th.Size(shape), p, th.float32, th.device("cpu"), key)
+    th.testing.assert_close(traced_keep_mask(th.zeros(shape), p, key), mask, atol=0, rtol=0)
     th.manual_seed(3)
-    draws = th.empty(-(-n // 4), dtype=th.int64).random_()
-    fields = draws.view(th.int16).view(-1, 4).numpy().astype(np.int64)  # little-endian: field 3 holds the sign bit
-    thresholds = np.array([-(2**15) + 2 * steps] * 3 + [steps])
-    kept = (fields >= thresholds).reshape(-1)[:n].reshape(shape)
+    assert th.equal(keep_mask(th.Size(shape), p, th.float32, th.device("cpu")), mask)  # the default key is draw_key's
+
+    def splitmix64(state: int) -> int:
+        z = state % 2**64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+        return z ^ (z >> 31)
+
+    draws = [splitmix64(key.item() + d * 0x9E3779B97F4A7C15) for d in range(-(-n // 4))]
+    fields = [(draws[i // 4] >> (16 * (i % 4))) & 0xFFFF for i in range(n)]
+    signed = np.array([f - 2**16 if f >= 2**15 else f for f in fields])
+    kept = (signed >= -(2**15) + 2 * steps).reshape(shape)
     np.testing.assert_array_equal(mask.numpy() > 0, kept)
 
 
 def test_fast_dropout_compiles_without_a_graph_break() -> None:
-    """Under torch.compile the layer draws the eager layer's mask (one opaque operator, no graph
-    break), and the backward multiplies by that same mask, not a second draw."""
+    """Under torch.compile the layer drops the eager layer's elements (the key from one opaque
+    operator, the hash traced into the graph, no graph break), two layers in one graph draw two
+    keys, and the backward multiplies by the forward's mask, not a second draw."""
     from sb3_amago.nets.dropout import FastDropout
 
     layer = FastDropout(0.3)
@@ -576,6 +601,8 @@ def test_fast_dropout_compiles_without_a_graph_break() -> None:
         y.sum().backward()
         assert x.grad is not None
         th.testing.assert_close(x.grad, y, atol=0, rtol=0)
+    first, second = th.compile(lambda x: (layer(x), layer(x)))(th.ones(64, 64))
+    assert not th.equal(first, second)
 
 
 def test_observation_preprocessors_give_sb3s_values() -> None:

@@ -1,24 +1,22 @@
-"""Dropout whose mask costs 16 random bits per element on the CPU.
+"""Dropout whose CPU mask is a hash of one random key, not one draw of torch's generator per element.
 
 torch's CPU dropout draws one number per element from its Mersenne Twister, one element at a time;
 at the sizes AMAGO trains (``(B, L, d_ff)`` activations) that took a third of the Transformer's
-forward pass. :class:`FastDropout` draws 64-bit integers instead and reads each as four 16-bit
-fields, so the generator runs a quarter as often. An element is dropped where its field falls below
-the threshold of the rate ``p_eff``, ``p`` rounded to a multiple of ``2**-15``; kept elements are
-scaled by ``1 / (1 - p_eff)``, so the layer's expected output equals its input exactly
-(``|p_eff - p| <= 2**-16``).
+forward pass. :class:`FastDropout` draws one 64-bit key per mask from torch's generator and
+expands it with SplitMix64's output function (Steele, Lea and Flood, 2014) over a counter: draw
+``d`` of a mask is ``mix(key + d * GAMMA)``, and each draw gives four 16-bit fields, one per
+element. That is integer arithmetic over whole tensors, which the CPU vectorises: eager it runs as a
+few operators over the draws; under ``torch.compile`` it is traced into the graph, where inductor
+fuses it into the kernels that apply the mask (forward and backward), so no mask is drawn or stored
+at all. Both compute the same integers, so a compiled layer drops the eager layer's elements.
 
-Other devices keep ``torch.nn.functional.dropout`` (their generators are fast already). The masks
-come from torch's global generator, so ``torch.manual_seed`` makes them repeatable. Under
-``torch.compile`` the mask is drawn by the same function, wrapped as the custom operator
-``sb3_amago::keep_mask`` that the compiler keeps as one opaque call: inductor's own CPU dropout
-made a compiled encoder slower than the eager one (``benchmarks/results/update_costs_L64.md``).
-Leaving only the draws opaque and tracing the comparison into the graph was slower too: inductor's
-code loads the int16 fields more slowly than the eager operators it would save (a masked
-product's forward and backward, ``(8, 65, 512)``: 353 against 207 us with a float mask, AMD EPYC).
+An element is dropped where its field falls below the threshold of the rate ``p_eff``, ``p`` rounded
+to a multiple of ``2**-15``; kept elements are scaled by ``1 / (1 - p_eff)``, so the layer's expected
+output equals its input exactly (``|p_eff - p| <= 2**-16``). Other devices keep
+``torch.nn.functional.dropout`` (their generators are fast already). The keys come from torch's
+global generator, so ``torch.manual_seed`` makes the masks repeatable.
 """
 
-import math
 import sys
 
 import torch as th
@@ -27,49 +25,95 @@ from torch.nn import functional as F
 
 _FIELD_BITS = 16
 _FIELDS_PER_DRAW = 64 // _FIELD_BITS
-#: Draws per row of the threshold comparison (at most; a divisor of the number of draws).
-_DRAWS_PER_ROW = 16
 
 
-def keep_mask(shape: th.Size, p: float, dtype: th.dtype, device: th.device) -> th.Tensor:
-    """A ``shape`` tensor of ``1 / (1 - p_eff)`` where an element is kept and 0 where it is dropped.
+def _int64(value: int) -> int:
+    """An unsigned 64-bit constant as the signed int64 with the same bits."""
+    return value - 2**64 if value >= 2**63 else value
 
-    ``random_`` on int64 fills ``[0, 2**63)``, so of the four 16-bit fields of a draw the most
-    significant one is uniform over ``[0, 2**15)`` and the other three over ``[-2**15, 2**15)``
-    (read as signed). Each field is compared with the threshold of its own range; the rate is
-    rounded to a multiple of ``2**-15`` so that both ranges drop at exactly ``p_eff``. The fields are
-    compared as float32, where CPU comparisons are vectorised (int16 ones are not).
+
+#: SplitMix64's counter increment and its output function's multipliers and shifts.
+_GAMMA = _int64(0x9E3779B97F4A7C15)
+_MULTIPLIERS = (_int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB))
+_SHIFTS = (30, 27, 31)
+
+
+def _shift_right(z: th.Tensor, bits: int) -> th.Tensor:
+    """Logical right shift of int64 ``z`` (torch's ``>>`` copies the sign bit)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(z: th.Tensor) -> th.Tensor:
+    """SplitMix64's output function of int64 ``z``, elementwise (products wrap modulo ``2**64``)."""
+    for bits, multiplier in zip(_SHIFTS, _MULTIPLIERS):
+        z = (z ^ _shift_right(z, bits)) * multiplier
+    return z ^ _shift_right(z, _SHIFTS[-1])
+
+
+def _rate_steps(p: float) -> int:
+    """``p_eff * 2**15``: the drop rate in steps of ``2**-15``."""
+    return round(p * 2 ** (_FIELD_BITS - 1))
+
+
+def _scale(steps: int) -> float:
+    return 1.0 / (1.0 - steps / 2 ** (_FIELD_BITS - 1))
+
+
+def draw_key(device: th.device) -> th.Tensor:
+    """One key for a mask: a 0-d int64 tensor from torch's global generator. Two masks of ``n``
+    elements share a draw only if their keys lie fewer than ``n / 4`` steps of ``GAMMA`` apart, a
+    chance of about ``n / 2**63`` per pair."""
+    return th.empty((), dtype=th.int64, device=device).random_()
+
+
+_LIBRARY = th.library.Library("sb3_amago", "FRAGMENT")
+_LIBRARY.define("dropout_key(Tensor like) -> Tensor", tags=(th.Tag.nondeterministic_seeded,))
+_LIBRARY.impl("dropout_key", lambda like: draw_key(like.device), "CPU")
+#: :func:`draw_key` as one opaque operator: the compiler neither merges two draws nor replaces
+#: torch's generator with its own, so compiled and eager layers draw the same keys for a seed.
+compiled_draw_key = th.ops.sb3_amago.dropout_key.default
+
+
+@th.library.register_fake("sb3_amago::dropout_key")
+def _(like: th.Tensor) -> th.Tensor:
+    return like.new_empty((), dtype=th.int64)
+
+
+def keep_mask(shape: th.Size, p: float, dtype: th.dtype, device: th.device, key: th.Tensor | None = None) -> th.Tensor:
+    """A ``shape`` tensor of ``1 / (1 - p_eff)`` where an element is kept and 0 where it is dropped,
+    for ``key`` (default: :func:`draw_key`).
+
+    Element ``i`` reads 16-bit field ``i % 4`` of draw ``i // 4`` (the draw's bits ``16 (i % 4)`` and
+    up). Every field is uniform over ``[-2**15, 2**15)`` read as signed, and the element is kept where
+    it is at or above ``-2**15 + 2 * 2**15 p_eff``. The fields are compared as float32, where CPU
+    comparisons are vectorised (int16 ones are not).
     """
+    key = draw_key(device) if key is None else key
     n = shape.numel()
-    steps = round(p * 2 ** (_FIELD_BITS - 1))  # p_eff = steps / 2**15
-    top = _FIELDS_PER_DRAW - 1 if sys.byteorder == "little" else 0  # the field holding the draw's sign bit
-    low = -(2 ** (_FIELD_BITS - 1))
-    thresholds = th.full((_FIELDS_PER_DRAW,), low + 2 * steps - 0.5, device=device)
-    thresholds[top] = steps - 0.5
+    steps = _rate_steps(p)
     n_draws = -(-n // _FIELDS_PER_DRAW)
-    draws = th.empty(n_draws, dtype=th.int64, device=device).random_()
-    # Rows of up to 16 draws, the thresholds repeated along them: broadcasting along a last axis of
-    # 4 is ~18x slower on the CPU than along one of 64, for the same values.
-    per_row = math.gcd(n_draws, _DRAWS_PER_ROW)
-    fields = draws.view(th.int16).view(-1, _FIELDS_PER_DRAW * per_row).to(th.float32)  # (n / (4 r), 4 r)
-    thresholds = thresholds.repeat(per_row)
-    # In place: 1.0 where a field is above its threshold (kept; never equal, the thresholds are
-    # half-integers), then scaled; two passes over the fields where a sign() formula took four.
-    scale = 1.0 / (1.0 - steps / 2 ** (_FIELD_BITS - 1))
-    mask = fields.gt_(thresholds).mul_(scale)
-    return mask.view(-1)[:n].view(shape).to(dtype)
+    draws = splitmix64(th.arange(n_draws, dtype=th.int64, device=device).mul_(_GAMMA).add_(key))  # (n / 4,)
+    fields = draws.view(th.int16)  # field j of draw d at 4 d + j (little-endian)
+    if sys.byteorder != "little":
+        fields = fields.view(-1, _FIELDS_PER_DRAW).flip(1).reshape(-1)
+    # 1.0 where the field is above the threshold (kept; never equal, the threshold is a
+    # half-integer), then scaled: two passes over the fields.
+    threshold = -(2 ** (_FIELD_BITS - 1)) + 2 * steps - 0.5
+    mask = fields.to(th.float32).gt_(threshold).mul_(_scale(steps))
+    return mask[:n].view(shape).to(dtype)
 
 
-# Seeded randomness: the compiler neither merges two calls nor recomputes one for the backward.
-@th.library.custom_op("sb3_amago::keep_mask", mutates_args=(), tags=(th.Tag.nondeterministic_seeded,))
-def compiled_keep_mask(like: th.Tensor, p: float) -> th.Tensor:
-    """:func:`keep_mask` of ``like``'s shape, dtype and device, as one operator for ``torch.compile``."""
-    return keep_mask(like.shape, p, like.dtype, like.device)
-
-
-@compiled_keep_mask.register_fake
-def _(like: th.Tensor, p: float) -> th.Tensor:
-    return like.new_empty(like.shape)
+def traced_keep_mask(like: th.Tensor, p: float, key: th.Tensor) -> th.Tensor:
+    """:func:`keep_mask`'s values for ``like``'s shape and ``key``, written per element (each element
+    hashes its own draw), for ``torch.compile`` to fuse into the kernels that read the mask."""
+    steps = _rate_steps(p)
+    index = th.arange(like.numel(), dtype=th.int64, device=like.device).view(like.shape)
+    draws = splitmix64(key + (index >> 2) * _GAMMA)
+    fields = ((draws >> ((index & 3) * _FIELD_BITS)) & 0xFFFF) ^ 0x8000  # the signed field plus 2**15
+    # 1 where the field is at or above the threshold, 0 below, by the sign of the difference: no
+    # bool tensor, which inductor's CPU code would save for the backward and stores slowly.
+    kept = ((fields - 2 * steps) >> 63) + 1
+    return kept.to(like.dtype) * _scale(steps)
 
 
 class FastDropout(nn.Dropout):
@@ -82,5 +126,5 @@ class FastDropout(nn.Dropout):
         if x.device.type != "cpu" or self.p >= 1.0:
             return F.dropout(x, self.p, True, self.inplace)
         if th.compiler.is_compiling():
-            return x * compiled_keep_mask(x.detach(), self.p)
+            return x * traced_keep_mask(x, self.p, compiled_draw_key(x.detach()))
         return x * keep_mask(x.shape, self.p, x.dtype, x.device)

@@ -48,11 +48,11 @@ def main() -> None:
         )
     sides = {name: path for name, path in preloads.items() if name == GLIBC or path is not None}
     figures: dict[str, dict] = {}
+    settings = {
+        name: {"extra_env": {"LD_PRELOAD": path} if path else None, "compile_model": args.compile}
+        for name, path in sides.items()
+    }
     for length in args.lengths:
-        settings = {
-            name: {"extra_env": {"LD_PRELOAD": path} if path else None, "compile_model": args.compile}
-            for name, path in sides.items()
-        }
         result = measure_rounds(settings, args.threads, length, args.updates, args.rounds, label=f"L={length} ")
         for name, path in sides.items():
             figures[f"{name}_L{length}"] = {

@@ -185,11 +185,11 @@ def main() -> None:
     precision = {"base": args.base_precision or args.precision, "new": args.precision}
     figures: dict[str, dict] = {}
     with git_worktree(base_commit) as base_tree:
+        settings = {
+            "base": {"tree": base_tree, "precision": precision["base"], "compile_model": args.compile_base},
+            "new": {"precision": precision["new"], "compile_model": args.compile},
+        }
         for length in args.lengths:
-            settings = {
-                "base": {"tree": base_tree, "precision": precision["base"], "compile_model": args.compile_base},
-                "new": {"precision": precision["new"], "compile_model": args.compile},
-            }
             sides = measure_rounds(settings, args.threads, length, args.updates, args.rounds, label=f"L={length} ")
             figures[f"speedup_L{length}"] = {
                 "value": statistics.median(sides.ratios("new", "base")),

@@ -26,7 +26,7 @@ is above -M: the label is no worse than the reference by M or more.
 import argparse
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -145,8 +145,13 @@ def against_reference(found: Sequence[dict], reference: str, margin: float | Non
     for label, runs in finished.items():
         if label == reference or len(runs) < 2:
             continue
-        figures: dict = {"label": label, "reference": reference, "runs": len(runs), "reference_runs": len(finished[reference])}
-        figures["margin"] = margin
+        figures: dict = {
+            "label": label,
+            "reference": reference,
+            "runs": len(runs),
+            "reference_runs": len(finished[reference]),
+            "margin": margin,
+        }
         for key in SUMMARY_KEYS:
             ref_values, values = [run[key] for run in finished[reference]], [run[key] for run in runs]
             lower, higher = permutation_pvalues(ref_values, values)
@@ -188,14 +193,18 @@ def report_lines(
     )
     if comparisons:
         reference = comparisons[0]["reference"]
-        lines += ["", f"Against `{reference}` (difference in mean; one-sided permutation p-values, lower / higher):", ""]
         header = ["label", "runs", "final", f"last {last}", "mean over all"]
-        cells = [
-            [c["label"], f"{c['runs']} vs {c['reference_runs']}"]
-            + [f"{c[key]['difference']:+.3f} (p {c[key]['p_lower']:.3f} / {c[key]['p_higher']:.3f})" for key in SUMMARY_KEYS]
-            for c in comparisons
-        ]
-        lines.append(markdown_table(header, cells))
+
+        def table(cell: Callable[[dict], str]) -> str:
+            """One row per comparison, ``cell`` of each summary key's figures."""
+            rows = [
+                [c["label"], f"{c['runs']} vs {c['reference_runs']}"] + [cell(c[key]) for key in SUMMARY_KEYS]
+                for c in comparisons
+            ]
+            return markdown_table(header, rows)
+
+        lines += ["", f"Against `{reference}` (difference in mean; one-sided permutation p-values, lower / higher):", ""]
+        lines.append(table(lambda f: f"{f['difference']:+.3f} (p {f['p_lower']:.3f} / {f['p_higher']:.3f})"))
         margin = comparisons[0]["margin"]
         if margin is not None:
             lines += [
@@ -203,12 +212,7 @@ def report_lines(
                 f"Non-inferiority with a margin of {margin} (p of a mean {margin} or more below `{reference}`'s):",
                 "",
             ]
-            cells = [
-                [c["label"], f"{c['runs']} vs {c['reference_runs']}"]
-                + [f"{c[key]['p_not_worse_by_margin']:.3f}" for key in SUMMARY_KEYS]
-                for c in comparisons
-            ]
-            lines.append(markdown_table(header, cells))
+            lines.append(table(lambda f: f"{f['p_not_worse_by_margin']:.3f}"))
     return lines
 
 

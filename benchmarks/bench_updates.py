@@ -6,7 +6,8 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
 
 - **Roofline share.** One update runs under a recorder of its matrix products (``mm``, ``addmm``,
   ``bmm``, ``baddbmm`` and the attention kernels, forward and backward); each product is then
-  replayed alone on fresh tensors of the same shapes, strides and dtype. The replay's time is what
+  replayed alone on fresh tensors of the same shapes, strides and dtype, its best of several runs
+  on operands in the caches (:func:`replay_seconds`). The replay's time is what
   the update's matrix work costs at its own shapes on this machine (the attainable rate, the
   update's FLOPs over that time); its share of an update's time is the roofline share, and the rest
   is time outside matrix products (elementwise ops, the optimizer, Python). The machine's peak, a
@@ -34,6 +35,7 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
 import argparse
 import contextlib
 import copy
+import functools
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -242,28 +244,35 @@ def _spec(x: Any) -> Any:
 
 
 def replay_seconds(calls: list[tuple[Any, tuple, dict]], repeats: int) -> float:
-    """Seconds one pass over the recorded matrix products takes on fresh tensors (best of ``repeats``)."""
+    """Seconds the recorded matrix products take at their best: each is replayed alone on fresh
+    tensors made just before it, once to warm up and then ``repeats`` times, and its fastest run
+    counts. Its operands are in the caches then, as in the update, where the kernel before a product
+    has just written them. (A pass over all the products, each on its own tensors made up front,
+    read every operand from memory: on a 2-core Zen 4 EPYC it took 38-44 ms at L = 64 against 30.6
+    ms this way, more than the products take inside the running update, about 32.5 ms by
+    ``profile_update.py``.)"""
 
     def make(x: Any) -> Any:
         return x.make() if isinstance(x, TensorSpec) else x
 
-    prepared = [(func, tree_map(make, args), tree_map(make, kwargs)) for func, args, kwargs in calls]
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first pass warms the caches up
-        start = time.perf_counter()
-        for func, args, kwargs in prepared:
-            func(*args, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    return best
+    total = 0.0
+    for func, spec_args, spec_kwargs in calls:
+        total += best_seconds(functools.partial(func, *tree_map(make, spec_args), **tree_map(make, spec_kwargs)), repeats)
+    return total
 
 
 def peak_gemm_flops(dtype: th.dtype, size: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of a ``size``-cubed matrix product in ``dtype`` (best of ``repeats``), by the library the
     package's layers use (:func:`sb3_amago.nets.cpu_matmul.linear`)."""
     a, b = th.randn(size, size).to(dtype), th.randn(size, size).to(dtype)
-    cpu_matmul.linear(a, b)
-    best = min(_timed(lambda: cpu_matmul.linear(a, b)) for _ in range(repeats))
-    return 2 * size**3 / best
+    return 2 * size**3 / best_seconds(lambda: cpu_matmul.linear(a, b), repeats)
+
+
+def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """The best of ``repeats`` timed calls of ``fn``, after one untimed (oneDNN builds a kernel per
+    shape on its first call; the caches warm up)."""
+    fn()
+    return min(_timed(fn) for _ in range(repeats))
 
 
 def _timed(fn: Callable[[], Any]) -> float:

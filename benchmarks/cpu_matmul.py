@@ -24,11 +24,10 @@ Results: ``benchmarks/results/cpu_matmul.json`` / ``.md`` (``--name`` changes th
 import argparse
 import os
 import statistics
-from collections.abc import Callable
 from typing import Any
 
 import torch as th
-from bench_updates import MatrixOpRecorder, _timed, module_settings, replay_seconds, trained_model
+from bench_updates import MatrixOpRecorder, best_seconds, module_settings, replay_seconds, trained_model
 from common import write_results
 from compare_commits import measure_rounds
 from torch.nn import functional as F
@@ -50,8 +49,9 @@ def recorded_products(length: int) -> list[Call]:
 
 
 def replay(products: list[Call], repeats: int) -> dict[str, float]:
-    """Seconds for one pass over ``products`` with each library (``bench_updates.replay_seconds``:
-    fresh operands of the recorded shapes and strides, a warm-up pass, the best of ``repeats``)."""
+    """Seconds ``products`` take with each library (``bench_updates.replay_seconds``: each product
+    alone on fresh operands of the recorded shapes and strides, its best of ``repeats`` after a
+    warm-up call)."""
     return {
         "onednn": replay_seconds(products, repeats),
         "blas": replay_seconds([(F.linear, args, kwargs) for _, args, kwargs in products], repeats),
@@ -60,12 +60,6 @@ def replay(products: list[Call], repeats: int) -> dict[str, float]:
 
 def flops(products: list[Call]) -> float:
     return float(sum(2 * th.Size(args[0].shape).numel() * args[1].shape[0] for _, args, _ in products))
-
-
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """The best of ``repeats`` calls, after one untimed (oneDNN builds a kernel per shape on its first call)."""
-    fn()
-    return min(_timed(fn) for _ in range(repeats))
 
 
 def whole_updates(threads: int, length: int, rounds: int, compile_model: bool) -> dict[str, dict[str, Any]]:

@@ -28,6 +28,7 @@ Reference configuration: batch 8 sequences, windows of L = 64 and L = 256, d_mod
 
     python benchmarks/bench_updates.py --threads 2            # full run, writes benchmarks/results/updates.*
     python benchmarks/bench_updates.py --threads 2 --quick    # a smoke run into updates_quick.*
+    python benchmarks/bench_updates.py --threads 2 --name updates_zen4   # into updates_zen4.*
     python benchmarks/bench_updates.py --device cuda          # on a GPU, also L = 1,024 and the compiled
                                                               # update: updates_cuda.*
 """
@@ -374,6 +375,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--name", help="the results' file name (default: updates, updates_quick with --quick)")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     if args.device != "cpu":
@@ -435,7 +437,7 @@ def main() -> None:
         "threads": args.threads,
         "quick": args.quick,
     }
-    write_results("updates_quick" if args.quick else "updates", config, figures)
+    write_results(args.name or ("updates_quick" if args.quick else "updates"), config, figures)
 
 
 def gpu_figures(threads: int, n: int) -> None:

@@ -51,7 +51,7 @@ from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from sb3_amago import AMAGO
 from sb3_amago.nets import cpu_matmul
@@ -88,6 +88,27 @@ MATRIX_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     th.ops.sb3_amago.onednn_linear.default,  # fp32 products on oneDNN (sb3_amago.nets.cpu_matmul)
+}
+
+
+def _cpu_flash_attention_flops(query: th.Size, key: th.Size, value: th.Size, *args: Any, **kwargs: Any) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_attention_backward_flops(
+    grad_out: th.Size, query: th.Size, key: th.Size, value: th.Size, *args: Any, **kwargs: Any
+) -> int:
+    return 2 * sdpa_flop_count(query, key, value)
+
+
+#: FLOP formulas for torch's CPU flash-attention kernels, which ``FlopCounterMode`` lacks (it has the
+#: CUDA ones): the math backend's count, so that an update counts the same FLOPs whichever backend
+#: its window takes. Forward, the scores and their product with the values; backward, the four
+#: products of their gradients (the flash kernel also computes the scores again, which is not
+#: counted). The ``(L, L)`` products are counted whole, causal or not, as torch counts them.
+CPU_ATTENTION_FLOPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
 }
 
 
@@ -310,7 +331,7 @@ def roofline(max_seq_len: int, n_updates: int, mixed_precision: bool = False, co
     eager model; its fused kernels are not ATen operators, so no operator count is given."""
     model = trained_model(max_seq_len, mixed_precision)
     recorder = MatrixOpRecorder()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
     with recorder, counter:
         model.train(gradient_steps=1, batch_size=8)
     timed = trained_model(max_seq_len, mixed_precision, compile_model=True) if compile_model else model

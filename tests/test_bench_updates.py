@@ -1,7 +1,8 @@
 """benchmarks/bench_updates.py: the overhead floor (the reference update's operators at width 8) and the
-replay of the update's matrix products."""
+replay of the update's matrix products and their FLOP count."""
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,19 @@ import torch as th
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_updates
-from bench_updates import FLOOR_POLICY, TensorSpec, every_product_routed, operators_per_update, replay_seconds, trained_model
+from bench_updates import (
+    CPU_ATTENTION_FLOPS,
+    FLOOR_POLICY,
+    TensorSpec,
+    every_product_routed,
+    operators_per_update,
+    replay_seconds,
+    trained_model,
+)
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from sb3_amago.nets.transformer import causal_math_attention
 
 
 @pytest.mark.parametrize("mixed_precision", [False, True])
@@ -42,3 +55,22 @@ def test_replay_times_each_product_alone_at_its_best(monkeypatch: pytest.MonkeyP
     assert replay_seconds(calls, repeats=3) == pytest.approx(0.2 + 0.1)
     assert [(shape, stride) for shape, stride, _ in ran] == [((3, 4), (1, 4))] * 4 + [((5, 4), (6, 1))] * 4
     assert len({tensor for _, _, tensor in ran[:4]}) == 1  # the same operands for a product's runs
+
+
+def test_flash_attention_counts_the_math_backends_flops() -> None:
+    """The CPU flash-attention kernels, forward and backward, count what the math backend's batched
+    products count for the same attention (the update takes one or the other by window length)."""
+
+    def flops(attention: Callable[[th.Tensor, th.Tensor, th.Tensor], th.Tensor]) -> dict[str, int]:
+        q, k, v = (th.randn(2, 3, 7, 4, requires_grad=True) for _ in range(3))
+        with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+            attention(q, k, v).sum().backward()
+        return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+    flash = flops(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    math = flops(causal_math_attention)
+    assert set(flash) == {
+        "aten._scaled_dot_product_flash_attention_for_cpu",
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+    assert sum(flash.values()) == sum(math.values()) == 12 * 2 * 3 * 7 * 7 * 4  # six products of 2 B H L L Dh

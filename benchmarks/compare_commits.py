@@ -16,7 +16,8 @@ of the per-round ratios are reported, with the load average beside every figure.
 
 ``--bound`` adds, per window length, the working tree's own floor measured after the rounds in one
 more fresh process (``bench_updates.roofline`` at its precision and compile setting): its matrix
-products (attention kernels included) replayed alone at the update's shapes, plus its overhead floor
+products (attention kernels included) replayed one by one at the update's shapes, each at its best
+on operands in the caches (``bench_updates.replay_seconds``), plus its overhead floor
 (the same update at width 8). The base's median update time over that sum is the speedup the working
 tree could reach with every other operator of its update free (elementwise work, norms, masks, the
 loss's small tensors): a ratio above it needs fewer FLOPs, a faster matrix rate (another precision)

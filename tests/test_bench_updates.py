@@ -74,3 +74,9 @@ def test_flash_attention_counts_the_math_backends_flops() -> None:
         "aten._scaled_dot_product_flash_attention_for_cpu_backward",
     }
     assert sum(flash.values()) == sum(math.values()) == 12 * 2 * 3 * 7 * 7 * 4  # six products of 2 B H L L Dh
+
+
+def test_reference_batches_are_full_windows() -> None:
+    """The timed updates run at the window length they are reported for: every batch ``L + 1`` wide."""
+    model = trained_model(64)  # the earlier fill (L + 64 steps) gave one batch in 300 narrower here, a fifth at L = 256
+    assert {model.replay_buffer.sample(8, env=None).real.shape[1] for _ in range(300)} == {65}

@@ -666,6 +666,29 @@ def test_compiled_leaky_relu_takes_eager_values_and_gradients(negative_slope: fl
         th.testing.assert_close(results[0], results[1], atol=0, rtol=0)
 
 
+def test_compiled_leaky_relu_is_opaque_only_where_a_backward_reads_it() -> None:
+    """Compiled, an input that needs a gradient goes through the opaque operator (its backward reads
+    the output); one that needs none (the target heads, under ``no_grad``) takes the plain rectifier,
+    which the compiler fuses, with the same values."""
+    from sb3_amago.nets.activations import leaky_relu
+
+    graphs: list[th.fx.GraphModule] = []
+
+    def recording_backend(gm: th.fx.GraphModule, example_inputs: list[th.Tensor]):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = th.compile(lambda x: leaky_relu(x) * 3.0, backend=recording_backend, dynamic=True)
+    x = th.randn(6, 7)
+    with_grad = compiled(x.clone().requires_grad_(True))
+    with th.no_grad():
+        without_grad = compiled(x.clone().requires_grad_(True))
+    opaque = [any(node.target is th.ops.sb3_amago.leaky_relu.default for node in gm.graph.nodes) for gm in graphs]
+    assert opaque == [True, False]
+    expected = F.leaky_relu(x, 0.01) * 3.0
+    th.testing.assert_close((with_grad.detach(), without_grad), (expected, expected), atol=0, rtol=0)
+
+
 def test_action_input_critics_equal_their_mlp_on_the_concatenated_input() -> None:
     """The split first layer (state once, gamma and action features per gamma) is the ensemble MLP
     applied to ``[state, symlog(1 / (1 - gamma)), action]`` of every (step, gamma), in value and gradient."""

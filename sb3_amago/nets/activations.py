@@ -8,7 +8,8 @@ whole forward. Under compile on the CPU these functions call the operator ``sb3_
 instead, whose backward reads the layer's output (its sign is the input's, the slope being
 non-negative): every rectifier of the package feeds a product or a norm that saves that output
 anyway, so nothing more is stored, and the backward is plain torch code that the compiler fuses into
-its neighbours. Eager code and other devices call ``F.leaky_relu`` (``F.relu`` at slope 0) directly.
+its neighbours. Inputs that need no gradient, eager code and other devices call ``F.leaky_relu``
+(``F.relu`` at slope 0) directly.
 """
 
 from typing import Any
@@ -44,11 +45,14 @@ compiled_leaky_relu.register_autograd(_backward, setup_context=_setup_context)
 
 
 def leaky_relu(x: th.Tensor, negative_slope: float = 0.01) -> th.Tensor:
-    """``F.leaky_relu(x, negative_slope)``; the opaque operator while compiling for the CPU.
+    """``F.leaky_relu(x, negative_slope)``; the opaque operator while compiling for the CPU where a
+    backward pass will read it (``x`` needs a gradient, grad mode on). Without one (the target heads, under
+    ``no_grad``) nothing is saved, so the compiler fuses the plain rectifier into its neighbours
+    (a target critic ensemble's forward at L = 256, compiled, 12.0-12.4 ms against 13.1-13.7).
 
     :param negative_slope: must be >= 0 (the backward reads the sign of the output)
     """
-    if x.device.type == "cpu" and th.compiler.is_compiling():
+    if x.device.type == "cpu" and th.compiler.is_compiling() and x.requires_grad and th.is_grad_enabled():
         return compiled_leaky_relu(x, negative_slope)
     return F.relu(x) if negative_slope == 0.0 else F.leaky_relu(x, negative_slope)
 

@@ -114,21 +114,25 @@ CPU_ATTENTION_FLOPS = {
 
 class LongEpisodeEnv(gym.Env):
     """16 float features, 4 actions (``continuous``: a 2-dimensional Box), rewards at random,
-    2,000-step episodes."""
+    2,000-step episodes; observations and rewards from the env's seeded generator (the space's own
+    ``sample`` ignores the seed), so a seeded model's replay is the same in every process."""
 
     def __init__(self, continuous: bool = False) -> None:
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(16,), dtype=np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32) if continuous else spaces.Discrete(4)
         self.t = 0
 
+    def _observation(self) -> np.ndarray:
+        return self.np_random.uniform(-1.0, 1.0, size=16).astype(np.float32)
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
-        return self.observation_space.sample(), {}
+        return self._observation(), {}
 
     def step(self, action):
         self.t += 1
-        return self.observation_space.sample(), float(self.np_random.random() < 0.1), False, self.t >= 2_000, {}
+        return self._observation(), float(self.np_random.random() < 0.1), False, self.t >= 2_000, {}
 
 
 #: The reference model's widths.
@@ -219,6 +223,16 @@ def trained_model(
     model.learn(n_envs * FILL_WINDOWS * (max_seq_len + 1))
     model.train(gradient_steps=3, batch_size=8)
     return model
+
+
+def parameters_after_updates(max_seq_len: int, n_updates: int, compile_model: bool = False) -> dict[str, th.Tensor]:
+    """The reference model's state after :func:`trained_model`'s warm-up and ``n_updates`` more
+    updates from its seeded start and replay (:func:`make_model` seeds the model and its envs): on
+    one thread the same tensors in every process, so two versions of the package can be compared
+    bit for bit (``same_values.py``)."""
+    model = trained_model(max_seq_len, compile_model=compile_model)
+    model.train(gradient_steps=n_updates, batch_size=8)
+    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
 
 
 def updates_per_second(

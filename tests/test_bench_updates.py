@@ -80,3 +80,23 @@ def test_reference_batches_are_full_windows() -> None:
     """The timed updates run at the window length they are reported for: every batch ``L + 1`` wide."""
     model = trained_model(64)  # the earlier fill (L + 64 steps) gave one batch in 300 narrower here, a fifth at L = 256
     assert {model.replay_buffer.sample(8, env=None).real.shape[1] for _ in range(300)} == {65}
+
+
+def test_reference_model_is_repeatable_and_same_values_lists_what_differs() -> None:
+    """``parameters_after_updates`` is a function of the seed alone (the envs draw from their seeded
+    generators), so ``same_values.py`` can hold two versions of the package to bit-for-bit equal
+    states; its ``differences`` names each differing tensor with its largest absolute difference."""
+    from same_values import differences
+
+    threads = th.get_num_threads()
+    th.set_num_threads(1)
+    try:
+        first = bench_updates.parameters_after_updates(8, 1)
+        second = bench_updates.parameters_after_updates(8, 1)
+    finally:
+        th.set_num_threads(threads)
+    assert differences(first, second) == {}
+    moved = {**first, "gamma_values": first["gamma_values"] * 2.0}
+    del moved["popart.w"]
+    largest = first["gamma_values"].abs().max().item()
+    assert differences(first, moved) == {"gamma_values": pytest.approx(largest), "popart.w": None}

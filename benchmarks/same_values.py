@@ -53,6 +53,7 @@ def side_parameters(tree: Path, length: int, updates: int, compile_model: bool, 
         env=env,
         capture_output=True,
         text=True,
+        check=False,  # its error output goes into the error raised below
     )
     if run.returncode != 0:
         raise RuntimeError(

@@ -1,7 +1,8 @@
 """Up to which window the training pass's causal attention is faster on torch's math backend than
 on its flash kernel, on this CPU: the evidence for ``CPU_MATH_ATTENTION_MAX_STEPS``.
 
-``causal_attention`` (``sb3_amago/nets/transformer.py``) computes the training pass's attention
+Where the package's own CPU attention kernel is not built (``sb3_amago/nets/cpu_attention.py``),
+``torch_causal_attention`` (``sb3_amago/nets/transformer.py``) computes the training pass's attention
 with the math backend (batched products and a softmax, which ``torch.compile`` fuses) up to
 ``CPU_MATH_ATTENTION_MAX_STEPS`` steps and with the flash kernel above. Which is faster depends on
 the CPU, so this measures it: for each window ``L`` (``L + 1`` steps: a window's timesteps and the
@@ -21,12 +22,14 @@ Results: ``benchmarks/results/attention_threshold.json`` / ``.md`` (``--name`` c
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +37,36 @@ import bench_updates
 import torch as th
 from common import write_results
 
-from sb3_amago.nets import transformer
+from sb3_amago.nets import cpu_attention, transformer
 
 #: The two sides: the threshold each copy of the model runs with.
 BACKENDS = {"math": 10**9, "flash": 0}
+
+
+@contextlib.contextmanager
+def torch_backend(name: str) -> Iterator[None]:
+    """Within the block, the training pass's attention runs on torch's backend ``name`` (the
+    package's own CPU kernel, which runs in place of both where it is built, is set aside)."""
+    with (
+        bench_updates.module_settings(cpu_attention, CHOICE="torch"),
+        bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=BACKENDS[name]),
+    ):
+        yield
 
 
 def backend_rates(length: int, rounds: int, updates: int, compile_model: bool) -> dict[str, list[float]]:
     """Updates/s of the reference update at window ``length`` per round, on each backend, both
     models in this process (the module setting switched around each one's updates)."""
     models = {}
-    for name, threshold in BACKENDS.items():
-        with bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=threshold):
+    for name in BACKENDS:
+        with torch_backend(name):
             models[name] = bench_updates.trained_model(length, compile_model=compile_model)
             models[name].train(gradient_steps=bench_updates.WARM_UP_UPDATES, batch_size=8)
     rates: dict[str, list[float]] = {name: [] for name in BACKENDS}
     for round_ in range(rounds):
         order = list(BACKENDS) if round_ % 2 == 0 else list(reversed(BACKENDS))
         for name in order:
-            with bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=BACKENDS[name]):
+            with torch_backend(name):
                 start = time.perf_counter()
                 models[name].train(gradient_steps=updates, batch_size=8)
                 rates[name].append(updates / (time.perf_counter() - start))

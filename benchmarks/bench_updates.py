@@ -88,6 +88,8 @@ MATRIX_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     th.ops.sb3_amago.onednn_linear.default,  # fp32 products on oneDNN (sb3_amago.nets.cpu_matmul)
+    th.ops.sb3_amago.causal_attention.default,  # the package's CPU attention (sb3_amago.nets.cpu_attention)
+    th.ops.sb3_amago.causal_attention_backward.default,
 }
 
 

@@ -4,7 +4,7 @@ window), sigma-reparameterisation, the timestep encoder, the action-input critic
 import copy
 import math
 import pickle
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.keys import OBS_KEY
-from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, make_traj_encoder
+from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, cpu_attention, make_traj_encoder
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, observation_preprocessor
@@ -26,6 +26,7 @@ from sb3_amago.nets.transformer import (
     causal_attention,
     causal_math_attention,
     sinusoidal_embedding,
+    torch_causal_attention,
 )
 
 D_IN = 5
@@ -277,28 +278,38 @@ def test_bf16_autocast_and_float64(kind: str) -> None:
 
 
 class _AttentionDtypes(TorchDispatchMode):
-    """Records the dtype of the query of every flash-attention kernel, and of the first operand of
-    every batched product (the math backend's attention: the layers' products are not batched), that
-    runs under it."""
+    """Records the dtype of the query of every flash-attention kernel, of the first operand of
+    every batched product (the math backend's attention: the layers' products are not batched), and
+    of the query of every call of the package's CPU attention kernel, that runs under it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.flash: list[th.dtype] = []
         self.bmm: list[th.dtype] = []
+        self.package: list[th.dtype] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if "scaled_dot_product" in str(func):
             self.flash.append(args[0].dtype)
         elif func is th.ops.aten.bmm.default:
             self.bmm.append(args[0].dtype)
+        elif func is th.ops.sb3_amago.causal_attention.default:
+            self.package.append(args[0].dtype)
         return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("length", [6, CPU_MATH_ATTENTION_MAX_STEPS + 1])
-def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast(length: int) -> None:
+@pytest.mark.parametrize("kernels", ["package", "torch"])
+def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast(
+    length: int, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # CPU flash attention is several times slower in bf16 (backward above all): the full forward
-    # keeps attention in fp32, math backend (short windows) or flash kernel, and the rest of the
-    # block in bf16.
+    # keeps attention in fp32, on the package's kernel where it is built, else on torch's math backend
+    # (short windows) or flash kernel, and the rest of the block in bf16.
+    if kernels == "torch":
+        monkeypatch.setattr(cpu_attention, "CHOICE", "torch")
+    elif not cpu_attention.load():
+        pytest.skip("the package's CPU attention kernel is not built on this CPU")
     encoder = make_encoder("transformer", max_seq_len=length).train()
     x, time_idx = th.randn(2, length, D_IN), th.arange(length).repeat(2, 1)
     mask = th.ones(2, length, dtype=th.bool)
@@ -308,7 +319,9 @@ def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast(length: int) ->
             out = encoder(x, time_idx, mask)
         out.float().sum().backward()  # outside autocast, as AMAGO.train runs it
     n_layers = len(cast(TransformerTrajEncoder, encoder).blocks)
-    if length <= CPU_MATH_ATTENTION_MAX_STEPS:
+    if kernels == "package":
+        assert recorder.package == [th.float32] * n_layers and recorder.flash == [] and recorder.bmm == []
+    elif length <= CPU_MATH_ATTENTION_MAX_STEPS:
         assert recorder.flash == [] and len(recorder.bmm) >= 2 * n_layers  # scores and output per layer
         assert set(recorder.bmm) == {th.float32}
     else:
@@ -317,12 +330,13 @@ def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast(length: int) ->
 
 
 @pytest.mark.parametrize("length", [5, CPU_MATH_ATTENTION_MAX_STEPS, CPU_MATH_ATTENTION_MAX_STEPS + 1])
-def test_causal_attention_is_causal_softmax_attention(length: int) -> None:
-    """Either backend (math up to CPU_MATH_ATTENTION_MAX_STEPS steps, flash above) computes causal
-    softmax attention, values and gradients."""
+@pytest.mark.parametrize("attention", [causal_attention, torch_causal_attention], ids=["default", "torch"])
+def test_causal_attention_is_causal_softmax_attention(length: int, attention: Any) -> None:
+    """The package's CPU kernel where it is built and torch's backends (math up to
+    CPU_MATH_ATTENTION_MAX_STEPS steps, flash above) compute causal softmax attention, values and gradients."""
     th.manual_seed(0)
     q, k, v = (th.randn(2, 3, length, 16, requires_grad=True) for _ in range(3))
-    out = causal_attention(q, k, v)
+    out = attention(q, k, v)
     scores = (q @ k.transpose(-1, -2)) / 4.0  # (B, H, L, L), 1 / sqrt(16)
     future = th.ones(length, length, dtype=th.bool).triu(1)
     expected = scores.masked_fill(future, float("-inf")).softmax(-1) @ v

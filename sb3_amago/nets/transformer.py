@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sb3_amago.nets import cpu_attention
 from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
 from sb3_amago.nets.cpu_matmul import Linear
@@ -64,9 +65,20 @@ CPU_MATH_ATTENTION_MAX_STEPS = 129
 
 
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
-    """Causal self-attention over whole sequences, ``(B, H, L, Dh)`` each -> ``(B, H, L, Dh)``:
-    :func:`causal_math_attention` on a CPU up to :data:`CPU_MATH_ATTENTION_MAX_STEPS` steps,
-    :func:`attention` otherwise."""
+    """Causal self-attention over whole sequences, ``(B, H, L, Dh)`` each -> ``(B, H, L, Dh)``: the
+    package's kernel for fp32 on a CPU where it is built (:mod:`sb3_amago.nets.cpu_attention`; eager
+    calls build it), :func:`torch_causal_attention` otherwise."""
+    if q.device.type == "cpu" and q.dtype == th.float32:
+        if not th.compiler.is_compiling():
+            cpu_attention.load()  # once per process; AMAGO loads it before compiling
+        if cpu_attention.loaded():
+            return cpu_attention.causal_attention(q, k, v)
+    return torch_causal_attention(q, k, v)
+
+
+def torch_causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+    """:func:`causal_attention` on torch's kernels: :func:`causal_math_attention` on a CPU up to
+    :data:`CPU_MATH_ATTENTION_MAX_STEPS` steps, :func:`attention` otherwise."""
     if q.device.type == "cpu" and q.shape[-2] <= CPU_MATH_ATTENTION_MAX_STEPS:
         return causal_math_attention(q, k, v)
     return attention(q, k, v, is_causal=True)

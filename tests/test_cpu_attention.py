@@ -1,0 +1,184 @@
+"""The package's CPU attention kernel (sb3_amago/nets/cpu_attention.py): causal softmax attention's
+values and gradients, compiled as eager, used by the Transformer's training pass where it is built,
+and the setting and fallbacks around its build."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import torch as th
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sb3_amago.nets import cpu_attention, make_traj_encoder
+from sb3_amago.nets.transformer import causal_attention
+
+BUILDS_HERE = th.backends.cpu.get_cpu_capability() in cpu_attention.ISA_FLAGS and cpu_attention.CHOICE != "torch"
+needs_kernel = pytest.mark.skipif(not BUILDS_HERE, reason="the kernel is built for x86 CPUs with AVX2 or AVX-512 only")
+
+
+@pytest.fixture(scope="module")
+def kernel() -> None:
+    assert cpu_attention.load()
+
+
+def reference(q: th.Tensor, k: th.Tensor, v: th.Tensor, grad: th.Tensor) -> list[th.Tensor]:
+    """torch's causal attention in float64: the output and the gradients of q, k and v."""
+    inputs = [x.double().detach().requires_grad_() for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*inputs, is_causal=True)
+    out.backward(grad.double())
+    return [out.detach(), *(x.grad for x in inputs)]
+
+
+def kernel_run(
+    q: th.Tensor, k: th.Tensor, v: th.Tensor, grad: th.Tensor, fn: Any = cpu_attention.causal_attention
+) -> list[th.Tensor]:
+    inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = fn(*inputs)
+    out.backward(grad)
+    return [out.detach(), *(x.grad for x in inputs)]
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 3, 1, 16), (2, 2, 17, 8), (1, 2, 65, 16), (2, 1, 130, 24), (1, 1, 40, 64), (1, 3, 33, 5)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_values_and_gradients_are_causal_softmax_attention(kernel: None, shape: tuple[int, ...]) -> None:
+    # Lengths across query blocks (32 rows) and vector widths, head widths that are not a multiple of
+    # the vector's: as close to float64 attention as torch's own fp32 kernels are (errors ~1e-6).
+    gen = th.Generator().manual_seed(len(shape) + shape[2])
+    q, k, v, grad = (th.randn(*shape, generator=gen) for _ in range(4))
+    for got, expected in zip(kernel_run(q, k, v, grad), reference(q, k, v, grad)):
+        th.testing.assert_close(got.double(), expected, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+def test_strided_inputs_give_the_contiguous_inputs_values(kernel: None) -> None:
+    # The Transformer passes views of one projection, (B, L, H, Dh) permuted.
+    gen = th.Generator().manual_seed(1)
+    qkv = th.randn(3, 2, 21, 4, 16, generator=gen).permute(0, 1, 3, 2, 4)  # (3, B, H, L, Dh), strided
+    grad = th.randn(2, 4, 21, 16, generator=gen)
+    strided = kernel_run(*qkv.unbind(0), grad)
+    contiguous = kernel_run(*(x.contiguous() for x in qkv.unbind(0)), grad)
+    assert all(th.equal(a, b) for a, b in zip(strided, contiguous))
+
+
+@needs_kernel
+def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None) -> None:
+    compiled = th.compile(cpu_attention.causal_attention, dynamic=True, fullgraph=True)
+    for length in (9, 40):  # one graph for both (dynamic shapes)
+        gen = th.Generator().manual_seed(length)
+        q, k, v, grad = (th.randn(2, 2, length, 16, generator=gen) for _ in range(4))
+        eager, traced = kernel_run(q, k, v, grad), kernel_run(q, k, v, grad, fn=compiled)
+        assert all(th.equal(a, b) for a, b in zip(eager, traced))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@needs_kernel
+def test_the_transformers_training_pass_runs_the_kernel_forward_and_backward(kernel: None) -> None:
+    encoder = make_traj_encoder("transformer", 5, 6, n_layers=2, d_model=16, n_heads=2, d_ff=16).train()
+    x, time_idx = th.randn(2, 6, 5), th.arange(6).repeat(2, 1)
+    with _Ops() as ops:
+        encoder(x, time_idx, th.ones(2, 6, dtype=th.bool)).sum().backward()
+    assert ops.names.count("sb3_amago.causal_attention.default") == 2  # one per layer
+    assert ops.names.count("sb3_amago.causal_attention_backward.default") == 2
+    assert not [name for name in ops.names if "scaled_dot_product" in name or name == "aten.bmm.default"]
+
+
+def test_set_aside_the_training_pass_takes_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_attention, "CHOICE", "torch")
+    q, k, v = (th.randn(1, 2, 7, 16) for _ in range(3))
+    with _Ops() as ops:
+        out = causal_attention(q, k, v)
+    assert not any("sb3_amago" in name for name in ops.names)
+    th.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def _fresh_state(monkeypatch: pytest.MonkeyPatch, choice: str) -> None:
+    """The module as in a process that has not tried to build the kernel yet, under ``choice``."""
+    monkeypatch.setattr(cpu_attention, "CHOICE", choice)
+    monkeypatch.setattr(cpu_attention, "_kernels", None)
+    monkeypatch.setattr(cpu_attention, "_tried", False)
+
+
+def test_cpus_without_avx2_keep_torchs_kernels_and_native_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(th.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    _fresh_state(monkeypatch, "auto")
+    assert not cpu_attention.load() and not cpu_attention.loaded()
+    _fresh_state(monkeypatch, "native")
+    with pytest.raises(RuntimeError, match="AVX2 or AVX-512 only.*SB3_AMAGO_CPU_ATTENTION=auto or torch"):
+        cpu_attention.load()
+
+
+def test_a_failed_build_warns_under_auto_and_raises_under_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    def no_compiler(**kwargs: Any) -> None:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(th.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    _fresh_state(monkeypatch, "auto")
+    with pytest.warns(UserWarning, match="could not be built \\(no C\\+\\+ compiler found\\).*pip install ninja"):
+        assert not cpu_attention.load()
+    assert not cpu_attention.load()  # tried once per process: no second warning
+    _fresh_state(monkeypatch, "native")
+    with pytest.raises(RuntimeError, match="could not be built.*SB3_AMAGO_CPU_ATTENTION=torch"):
+        cpu_attention.load()
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env}, capture_output=True, text=True, check=False
+    )
+
+
+def test_the_setting_is_read_at_import_and_checked() -> None:
+    result = _run(
+        "from sb3_amago.nets import cpu_attention; print(cpu_attention.load(), cpu_attention.loaded())",
+        SB3_AMAGO_CPU_ATTENTION="torch",
+    )
+    assert result.returncode == 0 and result.stdout.split() == ["False", "False"], result.stderr
+    result = _run("import sb3_amago.nets.cpu_attention", SB3_AMAGO_CPU_ATTENTION="fast")
+    assert (
+        result.returncode != 0 and "SB3_AMAGO_CPU_ATTENTION='fast' is not one of ('auto', 'native', 'torch')" in result.stderr
+    )
+
+
+def test_builds_are_named_per_instruction_set_and_torch_version() -> None:
+    names = {cpu_attention.build_name(capability) for capability in ("AVX512", "AVX2")}
+    assert len(names) == 2 and all(th.__version__.replace(".", "_").replace("+", "_") in name for name in names)
+    assert all(name.isidentifier() for name in names)  # a Python module's name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(th.backends.cpu.get_cpu_capability() != "AVX512", reason="needs an AVX-512 CPU to try its AVX2 build too")
+def test_the_avx2_build_computes_the_same_attention() -> None:
+    # torch runs its AVX2 kernels under ATEN_CPU_CAPABILITY=avx2, and the package builds to match.
+    code = """
+        import torch as th
+        from torch.nn import functional as F
+        from sb3_amago.nets import cpu_attention
+        assert th.backends.cpu.get_cpu_capability() == "AVX2" and cpu_attention.load()
+        gen = th.Generator().manual_seed(0)
+        q, k, v = (th.randn(2, 3, 45, 12, generator=gen, dtype=th.float64) for _ in range(3))
+        got = cpu_attention.causal_attention(q.float(), k.float(), v.float()).double()
+        th.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5, rtol=1e-4)
+        print("ok")
+    """
+    result = _run(code, ATEN_CPU_CAPABILITY="avx2")
+    assert result.stdout.strip().endswith("ok"), result.stderr[-2000:]

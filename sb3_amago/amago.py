@@ -46,7 +46,7 @@ from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.interrupt import sigterm_raises_interrupt
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, update_forward
-from sb3_amago.nets import cpu_attention
+from sb3_amago.nets import TransformerTrajEncoder, cpu_attention
 from sb3_amago.overlap import OverlappedRound, frozen_statistics
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.precision import warn_if_bf16_is_emulated
@@ -317,7 +317,6 @@ class AMAGO(OffPolicyAlgorithm):
         self.device = self._dist.device
         if self.device.type == "cpu":
             keep_freed_memory()
-            cpu_attention.load()  # before anything is compiled: a compiled update traces the kernel it finds
         if not self._dist.is_main:
             self.set_logger(Logger(folder=None, output_formats=[]))
         self._setup_lr_schedule()
@@ -351,6 +350,8 @@ class AMAGO(OffPolicyAlgorithm):
             n_critics=self.n_critics,
             **self.policy_kwargs,
         ).to(self.device)
+        if self.device.type == "cpu" and isinstance(self.policy.traj_encoder, TransformerTrajEncoder):
+            cpu_attention.load()  # before anything is compiled: a compiled update traces the kernel it finds
         # The update's forward, compiled or not, as one function: the sequence model, the TD target,
         # PopArt's move and the loss (one graph: each boundary between compiled functions cost about
         # 1% of a compiled update at L = 64 on a 2-core AMD EPYC). Random draws (the target's

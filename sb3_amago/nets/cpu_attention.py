@@ -14,8 +14,8 @@ It is C++ built with ``torch.utils.cpp_extension`` the first time a process need
 instructions torch itself runs (AVX-512 or AVX2). ``SB3_AMAGO_CPU_ATTENTION`` chooses, once per
 process: ``auto`` (the default) builds it where torch runs AVX2 or AVX-512 code and falls back to
 torch's kernels with a warning if the build fails; ``native`` requires it (an error if it cannot be
-built); ``torch`` never builds it. :func:`load` builds or loads it; the model calls it when built
-on the CPU (:class:`~sb3_amago.AMAGO`), before anything is compiled.
+built); ``torch`` never builds it. :func:`load` builds or loads it; a CPU model with a Transformer calls
+it when built (:class:`~sb3_amago.AMAGO`), before anything is compiled.
 """
 
 import os

@@ -56,8 +56,9 @@ def attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, **kwargs) -> th.Tensor:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-#: Sequences of at most this many steps take torch's math attention (batched products and a softmax)
-#: in the training pass on a CPU, longer ones its flash kernel. At head width 16 the flash kernel's
+#: Where the package's CPU kernel is not built (:mod:`sb3_amago.nets.cpu_attention`), sequences of at
+#: most this many steps take torch's math attention (batched products and a softmax) in the training
+#: pass on a CPU, longer ones its flash kernel. At head width 16 the flash kernel's
 #: per-block products cost more than the whole (L, L) scores at short windows: with the math backend a
 #: fp32 update ran +6% at 65 steps and +10% at 129 compiled (+2-3% eager), -4% at 193 and -13% at 257
 #: (AMD EPYC, 2 threads, the reference update, both variants timed alternately in one process).

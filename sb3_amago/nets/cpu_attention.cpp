@@ -23,69 +23,37 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t BQ = 32;  // query rows per block
 
-// out[r * L + j] = scale * sum_d a[r * D + d] * bt[d * L + j], for r < rows, j < n (bt: (D, L)).
-void rows_by_transposed(const float* a, const float* bt, float* out, int64_t rows, int64_t n, int64_t D, int64_t L,
-                        float scale) {
-  const int64_t V = Vec::size();
-  const Vec s(scale);
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const float *a0 = a + r * D, *a1 = a0 + D, *a2 = a1 + D, *a3 = a2 + D;
-    for (int64_t j = 0; j < n; j += V) {
-      const int64_t cnt = std::min(V, n - j);
-      Vec c0(0.f), c1(0.f), c2(0.f), c3(0.f);
-      for (int64_t d = 0; d < D; ++d) {
-        const Vec b = Vec::loadu(bt + d * L + j, cnt);
-        c0 = at::vec::fmadd(Vec(a0[d]), b, c0);
-        c1 = at::vec::fmadd(Vec(a1[d]), b, c1);
-        c2 = at::vec::fmadd(Vec(a2[d]), b, c2);
-        c3 = at::vec::fmadd(Vec(a3[d]), b, c3);
-      }
-      (c0 * s).store(out + r * L + j, cnt);
-      (c1 * s).store(out + (r + 1) * L + j, cnt);
-      (c2 * s).store(out + (r + 2) * L + j, cnt);
-      (c3 * s).store(out + (r + 3) * L + j, cnt);
-    }
-  }
-  for (; r < rows; ++r) {
-    for (int64_t j = 0; j < n; j += V) {
-      const int64_t cnt = std::min(V, n - j);
-      Vec c(0.f);
-      for (int64_t d = 0; d < D; ++d) c = at::vec::fmadd(Vec(a[r * D + d]), Vec::loadu(bt + d * L + j, cnt), c);
-      (c * s).store(out + r * L + j, cnt);
-    }
-  }
-}
-
-// out[r, :] = scale[r] * sum_{j < n} w[r * L + j] * b[j, :], for r < rows (b: (n, D), out: (rows, D)).
-void weights_by_rows(const float* w, const float* b, float* out, int64_t rows, int64_t n, int64_t D, int64_t L,
-                     const float* scale) {
+// out[r * ldo + c] = scale[r] * sum_{t < K} a[r * lda + t] * b[t * ldb + c], for r < rows, c < cols:
+// a block's scores (a: queries, b: keys transposed) and its probabilities by the values (a: the
+// probabilities, b: values). Four rows at a time share each load of b; columns go a vector at a time.
+void small_gemm(const float* a, int64_t lda, const float* b, int64_t ldb, float* out, int64_t ldo, int64_t rows,
+                int64_t K, int64_t cols, const float* scale) {
   const int64_t V = Vec::size();
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    const float *w0 = w + r * L, *w1 = w0 + L, *w2 = w1 + L, *w3 = w2 + L;
-    for (int64_t c = 0; c < D; c += V) {
-      const int64_t cnt = std::min(V, D - c);
+    const float *a0 = a + r * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+    for (int64_t c = 0; c < cols; c += V) {
+      const int64_t cnt = std::min(V, cols - c);
       Vec c0(0.f), c1(0.f), c2(0.f), c3(0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        const Vec bj = Vec::loadu(b + j * D + c, cnt);
-        c0 = at::vec::fmadd(Vec(w0[j]), bj, c0);
-        c1 = at::vec::fmadd(Vec(w1[j]), bj, c1);
-        c2 = at::vec::fmadd(Vec(w2[j]), bj, c2);
-        c3 = at::vec::fmadd(Vec(w3[j]), bj, c3);
+      for (int64_t t = 0; t < K; ++t) {
+        const Vec bt = Vec::loadu(b + t * ldb + c, cnt);
+        c0 = at::vec::fmadd(Vec(a0[t]), bt, c0);
+        c1 = at::vec::fmadd(Vec(a1[t]), bt, c1);
+        c2 = at::vec::fmadd(Vec(a2[t]), bt, c2);
+        c3 = at::vec::fmadd(Vec(a3[t]), bt, c3);
       }
-      (c0 * Vec(scale[r])).store(out + r * D + c, cnt);
-      (c1 * Vec(scale[r + 1])).store(out + (r + 1) * D + c, cnt);
-      (c2 * Vec(scale[r + 2])).store(out + (r + 2) * D + c, cnt);
-      (c3 * Vec(scale[r + 3])).store(out + (r + 3) * D + c, cnt);
+      (c0 * Vec(scale[r])).store(out + r * ldo + c, cnt);
+      (c1 * Vec(scale[r + 1])).store(out + (r + 1) * ldo + c, cnt);
+      (c2 * Vec(scale[r + 2])).store(out + (r + 2) * ldo + c, cnt);
+      (c3 * Vec(scale[r + 3])).store(out + (r + 3) * ldo + c, cnt);
     }
   }
   for (; r < rows; ++r) {
-    for (int64_t c = 0; c < D; c += V) {
-      const int64_t cnt = std::min(V, D - c);
+    for (int64_t c = 0; c < cols; c += V) {
+      const int64_t cnt = std::min(V, cols - c);
       Vec c0(0.f);
-      for (int64_t j = 0; j < n; ++j) c0 = at::vec::fmadd(Vec(w[r * L + j]), Vec::loadu(b + j * D + c, cnt), c0);
-      (c0 * Vec(scale[r])).store(out + r * D + c, cnt);
+      for (int64_t t = 0; t < K; ++t) c0 = at::vec::fmadd(Vec(a[r * lda + t]), Vec::loadu(b + t * ldb + c, cnt), c0);
+      (c0 * Vec(scale[r])).store(out + r * ldo + c, cnt);
     }
   }
 }
@@ -157,12 +125,14 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> kt(D * L), p(BQ * L);
     const int64_t V = Vec::size();
+    float scales[BQ];
+    std::fill(scales, scales + BQ, scale);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
       transpose(K + base, kt.data(), L, D);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows;
-        rows_by_transposed(Q + base + r0 * D, kt.data(), p.data(), rows, n, D, L, scale);
+        small_gemm(Q + base + r0 * D, D, kt.data(), L, p.data(), L, rows, D, n, scales);  // scores
         float inv_sum[BQ];
         for (int64_t r = 0; r < rows; ++r) {
           float* pr = p.data() + r * L;
@@ -185,7 +155,7 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
           LSE[t * L + r0 + r] = m + std::log(sum);
           inv_sum[r] = 1.f / sum;
         }
-        weights_by_rows(p.data(), Vv + base, O + base + r0 * D, rows, n, D, L, inv_sum);
+        small_gemm(p.data(), L, Vv + base, D, O + base + r0 * D, D, rows, n, D, inv_sum);
       }
     }
   });
@@ -213,16 +183,17 @@ std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> kt(D * L), vt(D * L), p(BQ * L), ds(BQ * L);
     const int64_t V = Vec::size();
-    float scales[BQ];
+    float scales[BQ], ones[BQ];
     std::fill(scales, scales + BQ, scale);
+    std::fill(ones, ones + BQ, 1.f);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
       transpose(K + base, kt.data(), L, D);
       transpose(Vv + base, vt.data(), L, D);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows;
-        rows_by_transposed(Q + base + r0 * D, kt.data(), p.data(), rows, n, D, L, scale);  // scores
-        rows_by_transposed(G + base + r0 * D, vt.data(), ds.data(), rows, n, D, L, 1.f);   // grad of probabilities
+        small_gemm(Q + base + r0 * D, D, kt.data(), L, p.data(), L, rows, D, n, scales);  // scores
+        small_gemm(G + base + r0 * D, D, vt.data(), L, ds.data(), L, rows, D, n, ones);  // grad of probabilities
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = r0 + r, seen = visible(r0, r);
           float *pr = p.data() + r * L, *dsr = ds.data() + r * L;
@@ -238,7 +209,7 @@ std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const
           std::fill(pr + seen, pr + n, 0.f);
           std::fill(dsr + seen, dsr + n, 0.f);
         }
-        weights_by_rows(ds.data(), K + base, DQ + base + r0 * D, rows, n, D, L, scales);
+        small_gemm(ds.data(), L, K + base, D, DQ + base + r0 * D, D, rows, n, D, scales);
         add_transposed_weights_by_rows(p.data(), G + base + r0 * D, DV + base, rows, n, D, L, 1.f);
         add_transposed_weights_by_rows(ds.data(), Q + base + r0 * D, DK + base, rows, n, D, L, scale);
       }

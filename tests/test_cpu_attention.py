@@ -141,6 +141,14 @@ def test_a_failed_build_warns_under_auto_and_raises_under_native(monkeypatch: py
         cpu_attention.load()
 
 
+def test_pips_ninja_is_put_on_path_where_path_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setattr(cpu_attention.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", "/nowhere")
+    cpu_attention._put_ninja_on_path()
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+
+
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env}, capture_output=True, text=True, check=False

@@ -20,6 +20,7 @@ it when built (:class:`~sb3_amago.AMAGO`), before anything is compiled.
 
 import os
 import re
+import shutil
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -89,6 +90,7 @@ def load() -> bool:
         return False
     from torch.utils import cpp_extension  # imported here: it is slow to import and only the build needs it
 
+    _put_ninja_on_path()
     try:
         _kernels = cpp_extension.load(
             name=build_name(capability),
@@ -109,6 +111,18 @@ def load() -> bool:
             stacklevel=2,
         )
     return _kernels is not None
+
+
+def _put_ninja_on_path() -> None:
+    """torch builds with the ``ninja`` it finds on ``PATH``; the one ``pip`` installed with the package
+    may lie outside it (a virtual environment used without activating it), so its folder is added."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
 
 
 def loaded() -> bool:

@@ -1,0 +1,118 @@
+"""The package's CPU attention kernel against torch's, alone and inside whole compiled updates.
+
+Alone: causal attention forward and backward at the reference model's sizes (batch 8, 8 heads of
+width 16) for each window of ``--lengths`` steps, on the package's kernel
+(``sb3_amago.nets.cpu_attention``), torch's math backend compiled (``causal_math_attention`` under
+``torch.compile``, as a compiled update ran it up to ``CPU_MATH_ATTENTION_MAX_STEPS`` steps) and
+torch's flash kernel (``scaled_dot_product_attention``); each the best of ``--repeats``.
+
+Inside updates (``--update-rounds N``): two compiled reference updates (``bench_updates.py``) in this
+process, one traced and run with the kernel set aside (``cpu_attention.CHOICE = "torch"``) and one
+with it, timed alternately for N rounds of ``--updates`` updates, the order swapped every round:
+the median of the per-round ratios and the rounds in which the kernel's update was faster. One
+process, because this VM's speed moves between processes by more than the change.
+
+    python benchmarks/cpu_attention.py --threads 2 --update-rounds 10
+
+Results: ``benchmarks/results/cpu_attention.json`` / ``.md`` (``--name`` changes the file name).
+"""
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch as th
+from bench_updates import best_seconds, module_settings, trained_model
+from common import write_results
+from torch.nn import functional as F
+
+from sb3_amago.nets import cpu_attention
+from sb3_amago.nets.transformer import causal_math_attention
+
+Attention = Callable[[th.Tensor, th.Tensor, th.Tensor], th.Tensor]
+
+
+def torch_flash(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def forward_backward_ms(attention: Attention, steps: int, repeats: int) -> float:
+    """Best milliseconds of one forward and backward pass at ``(8, 8, steps, 16)``."""
+    gen = th.Generator().manual_seed(steps)
+    q, k, v = (th.randn(8, 8, steps, 16, generator=gen).requires_grad_() for _ in range(3))
+    grad = th.randn(8, 8, steps, 16, generator=gen)
+
+    def step() -> None:
+        attention(q, k, v).backward(grad)
+
+    return 1e3 * best_seconds(step, repeats)  # after an untimed call (compilation)
+
+
+def kernel_figures(lengths: list[int], repeats: int) -> dict[str, dict[str, Any]]:
+    sides: dict[str, Attention] = {
+        "package": cpu_attention.causal_attention,
+        "torch_math_compiled": th.compile(causal_math_attention, dynamic=True),
+        "torch_flash": torch_flash,
+    }
+    figures = {}
+    for length in lengths:
+        ms = {name: forward_backward_ms(fn, length + 1, repeats) for name, fn in sides.items()}
+        figures[f"attention_L{length}"] = {
+            "value": round(ms["package"], 3),
+            "unit": "ms, forward and backward at (8, 8, L + 1, 16), best of repeats",
+            "steps": length + 1,
+            "torch_math_compiled_ms": round(ms["torch_math_compiled"], 3),
+            "torch_flash_ms": round(ms["torch_flash"], 3),
+            "speedup_vs_best_of_torch": round(min(ms["torch_math_compiled"], ms["torch_flash"]) / ms["package"], 2),
+        }
+    return figures
+
+
+def update_figure(length: int, rounds: int, updates: int) -> dict[str, Any]:
+    """The compiled reference update with torch's attention over the one with the package's kernel."""
+    with module_settings(cpu_attention, CHOICE="torch"):
+        torchs = trained_model(length, compile_model=True)
+    package = trained_model(length, compile_model=True)
+    times: dict[str, list[float]] = {"torch": [], "package": []}
+    for round_ in range(rounds):
+        order = ["torch", "package"] if round_ % 2 == 0 else ["package", "torch"]
+        for name in order:
+            model, choice = (torchs, "torch") if name == "torch" else (package, cpu_attention.CHOICE)
+            with module_settings(cpu_attention, CHOICE=choice):
+                start = time.perf_counter()
+                model.train(gradient_steps=updates, batch_size=8)
+                times[name].append((time.perf_counter() - start) / updates)
+    ratios = [t / p for t, p in zip(times["torch"], times["package"])]
+    return {
+        "value": round(statistics.median(ratios), 4),
+        "unit": "x (compiled update with torch's attention over the package's kernel, median of per-round ratios)",
+        "rounds_package_faster": f"{sum(r > 1 for r in ratios)}/{rounds}",
+        "torch_median_ms": round(1e3 * statistics.median(times["torch"]), 2),
+        "package_median_ms": round(1e3 * statistics.median(times["package"]), 2),
+        "ratios": [round(r, 4) for r in ratios],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512], help="windows L (L + 1 steps)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--update-rounds", type=int, default=0, help="rounds of whole compiled updates (0: none)")
+    parser.add_argument("--update-lengths", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--updates", type=int, default=10, help="updates per round and side")
+    parser.add_argument("--name", default="cpu_attention")
+    args = parser.parse_args()
+    th.set_num_threads(args.threads)
+    if not cpu_attention.load():
+        raise SystemExit("the package's CPU attention kernel is not built on this machine (see the warning above)")
+    figures = kernel_figures(args.lengths, args.repeats)
+    for length in args.update_lengths if args.update_rounds else []:
+        figures[f"update_L{length}"] = update_figure(length, args.update_rounds, args.updates)
+    write_results(args.name, vars(args), figures)
+
+
+if __name__ == "__main__":
+    main()

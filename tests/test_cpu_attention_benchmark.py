@@ -1,0 +1,39 @@
+"""benchmarks/cpu_attention.py: each side of the whole-update comparison runs under its own setting,
+the sides alternate, and the kernel figures name torch's two kernels beside the package's."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import cpu_attention as benchmark
+
+from sb3_amago.nets import cpu_attention
+
+
+def test_the_update_sides_alternate_each_under_its_own_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, str]] = []
+
+    class FakeModel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def train(self, gradient_steps: int, batch_size: int) -> None:
+            seen.append((self.name, cpu_attention.CHOICE))
+
+    def fake_trained_model(length: int, compile_model: bool = False) -> FakeModel:
+        return FakeModel("torch" if cpu_attention.CHOICE == "torch" else "package")  # the setting it is traced with
+
+    monkeypatch.setattr(benchmark, "trained_model", fake_trained_model)
+    figure = benchmark.update_figure(64, rounds=3, updates=2)
+    assert [name for name, _ in seen] == ["torch", "package", "package", "torch", "torch", "package"]
+    assert all((choice == "torch") == (name == "torch") for name, choice in seen)
+    assert len(figure["ratios"]) == 3 and figure["rounds_package_faster"].endswith("/3")
+
+
+@pytest.mark.skipif(not cpu_attention.load(), reason="the package's CPU attention kernel is not built on this CPU")
+def test_kernel_figures_time_the_package_beside_torchs_kernels() -> None:
+    figure = benchmark.kernel_figures([8], repeats=1)["attention_L8"]
+    assert figure["steps"] == 9 and figure["value"] > 0
+    assert figure["torch_math_compiled_ms"] > 0 and figure["torch_flash_ms"] > 0

@@ -7,7 +7,8 @@ backend writes and reads the whole ``(L, L)`` scores several times. The kernel h
 scores against every key they may see are computed whole (an exact softmax), vectorised along the
 keys; the backward recomputes them from the saved log-sum-exp. Two threads of a Zen 4 EPYC, forward
 and backward at ``(8, 8, L, 16)``: 0.56 against 1.39 ms (torch's math backend, compiled) at 65
-steps, 4.4 against 11.6 ms (torch's flash kernel) at 257 (``docs/design.md``, "CPU attention").
+steps, 4.4 against 11.6 ms (torch's flash kernel) at 257 (``benchmarks/cpu_attention.py``;
+``docs/design.md``, "CPU attention").
 
 It is C++ built with ``torch.utils.cpp_extension`` the first time a process needs it on a machine
 (about 30 s; later processes load the build from torch's extension cache), for the vector

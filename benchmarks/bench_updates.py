@@ -51,10 +51,10 @@ from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from sb3_amago import AMAGO
-from sb3_amago.nets import cpu_matmul
+from sb3_amago.nets import cpu_attention, cpu_matmul
 from sb3_amago.precision import cpu_has_native_bf16
 
 # 18 extra discount factors + the main 0.999 = 19 heads: the paper's discrete-action set plus 0.5, 0.8.
@@ -93,24 +93,15 @@ MATRIX_OPS = {
 }
 
 
-def _cpu_flash_attention_flops(query: th.Size, key: th.Size, value: th.Size, *args: Any, **kwargs: Any) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_flash_attention_backward_flops(
-    grad_out: th.Size, query: th.Size, key: th.Size, value: th.Size, *args: Any, **kwargs: Any
-) -> int:
-    return 2 * sdpa_flop_count(query, key, value)
-
-
 #: FLOP formulas for torch's CPU flash-attention kernels, which ``FlopCounterMode`` lacks (it has the
-#: CUDA ones): the math backend's count, so that an update counts the same FLOPs whichever backend
-#: its window takes. Forward, the scores and their product with the values; backward, the four
-#: products of their gradients (the flash kernel also computes the scores again, which is not
-#: counted). The ``(L, L)`` products are counted whole, causal or not, as torch counts them.
+#: CUDA ones): the math backend's count, the one the package's own CPU attention kernel registers,
+#: so that an update counts the same FLOPs whichever kernel its window takes. Forward, the scores and
+#: their product with the values; backward, the four products of their gradients (the flash kernel
+#: also computes the scores again, which is not counted). The ``(L, L)`` products are counted whole,
+#: causal or not, as torch counts them.
 CPU_ATTENTION_FLOPS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention.attention_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_attention.attention_backward_flops,
 }
 
 

@@ -78,7 +78,7 @@ def load() -> bool:
     ``auto``, and raises under ``native``."""
     global _kernels, _tried
     if _tried or CHOICE == "torch":
-        return _kernels is not None
+        return loaded()
     _tried = True
     capability = th.backends.cpu.get_cpu_capability()
     flags = ISA_FLAGS.get(capability)
@@ -111,7 +111,7 @@ def load() -> bool:
             f"ninja (pip install ninja); {ENV_VARIABLE}=torch uses torch's kernels without trying.",
             stacklevel=2,
         )
-    return _kernels is not None
+    return loaded()
 
 
 def _put_ninja_on_path() -> None:
@@ -185,16 +185,20 @@ def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
     return causal_attention_with_lse(q, k, v)[0]
 
 
-@register_flop_formula(th.ops.sb3_amago.causal_attention)
-def _forward_flops(q_shape: th.Size, k_shape: th.Size, v_shape: th.Size, *args: Any, **kwargs: Any) -> int:
-    """What ``FlopCounterMode`` counts: torch's count for attention, the ``(L, L)`` products whole."""
+def attention_flops(q_shape: th.Size, k_shape: th.Size, v_shape: th.Size, *args: Any, **kwargs: Any) -> int:
+    """FLOPs of a causal attention forward as torch counts attention: the scores and their product
+    with the values, the ``(L, L)`` products whole. For this kernel's operator, and for torch's CPU
+    flash kernel, which ``FlopCounterMode`` lacks (``benchmarks/bench_updates.py``)."""
     return sdpa_flop_count(q_shape, k_shape, v_shape)
 
 
-@register_flop_formula(th.ops.sb3_amago.causal_attention_backward)
-def _backward_flops(
+def attention_backward_flops(
     grad_shape: th.Size, q_shape: th.Size, k_shape: th.Size, v_shape: th.Size, *args: Any, **kwargs: Any
 ) -> int:
-    """The four products of the gradients, as torch counts attention's backward (the scores computed
+    """The backward's four products of the gradients, as torch counts them (the scores computed
     again are not counted)."""
     return 2 * sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+register_flop_formula(th.ops.sb3_amago.causal_attention)(attention_flops)
+register_flop_formula(th.ops.sb3_amago.causal_attention_backward)(attention_backward_flops)

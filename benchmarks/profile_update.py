@@ -4,7 +4,8 @@ The reference model is built and warmed up in a fresh process (``bench_updates.t
 working tree, compiled with ``--compile``); ``perf record`` then samples that process, every thread,
 while it runs ``--updates`` timed updates. Each sample is put in one class by the code it was in
 (:func:`classify`): the matrix products (oneDNN's run-time generated kernels, MKL, oneDNN's own
-host code), the compiled graph's kernels, torch's native kernels (elementwise, norms, copies, the
+host code), the package's CPU attention kernel (``sb3_amago/nets/cpu_attention.cpp``: the
+attention's products and its softmax), the compiled graph's kernels, torch's native kernels (elementwise, norms, copies, the
 optimizer's), an OpenMP thread waiting, and host code (the Python interpreter, torch's Python
 bindings and dispatcher, the C library's allocations and plain copies). The main thread runs the update
 from start to end, so its samples split the update's wall time; the other threads' samples say how
@@ -15,8 +16,8 @@ symbols of the host and native classes are listed after the shares (``--top``).
     python benchmarks/profile_update.py --length 256 --updates 40
     python benchmarks/profile_update.py --compile --preload libtcmalloc_minimal.so.4   # another allocator
 
-"Outside the products" is every class of the main thread but the products and the OpenMP wait (the
-main thread waiting at the end of a parallel region, its share reported beside it).
+"Outside the products" is every class of the main thread but the products, the attention kernel and
+the OpenMP wait (the main thread waiting at the end of a parallel region, its share reported beside it).
 
 Results: ``benchmarks/results/profile_update.json`` / ``.md`` (``--name`` changes the file name).
 """
@@ -38,13 +39,16 @@ from pathlib import Path
 from common import REPO, RESULTS_DIR, write_results
 from compare_commits import load_average
 
+from sb3_amago.nets import cpu_attention
+
 #: The classes, in report order.
 PRODUCTS = "matrix products"
+ATTENTION = "attention kernel"
 COMPILED = "compiled graph kernels"
 NATIVE = "torch native kernels"
 WAIT = "OpenMP wait"
 HOST = "host: Python, dispatch, C library"
-CLASSES = (PRODUCTS, COMPILED, NATIVE, WAIT, HOST)
+CLASSES = (PRODUCTS, ATTENTION, COMPILED, NATIVE, WAIT, HOST)
 #: The thread groups.
 MAIN, WORKERS = "main thread", "OpenMP workers"
 
@@ -77,6 +81,8 @@ def classify(symbol: str, dso: str) -> str:
         return PRODUCTS
     if name.startswith("libgomp"):
         return WAIT
+    if name.startswith(cpu_attention.BUILD_PREFIX):
+        return ATTENTION
     if name.endswith(".main.so") or "torchinductor" in dso:
         return COMPILED
     if name.startswith("libtorch_cpu") and _NATIVE_KERNEL.search(symbol):
@@ -171,7 +177,7 @@ def main() -> None:
     main_thread = shares[MAIN]
     figures = {
         "outside_products": {
-            "value": round(1.0 - main_thread[PRODUCTS] - main_thread[WAIT], 4),
+            "value": round(1.0 - main_thread[PRODUCTS] - main_thread[ATTENTION] - main_thread[WAIT], 4),
             "unit": "share of the main thread's samples (of the update's wall time)",
             "main_thread_openmp_wait": round(main_thread[WAIT], 4),
             "update_ms": round(update_ms, 2),

@@ -5,7 +5,8 @@
 // key it may see (rows x n, n = last row + 1) are computed whole, so the softmax is exact, not the
 // running one of a flash kernel; the block then multiplies its probabilities by the values. Keys and
 // values are transposed once per task so that a block's scores are products along the keys, vectorised
-// across them. The backward recomputes a block's probabilities from the saved log-sum-exp and
+// across them; rows are padded to whole vectors, and all five products of the two passes run on one
+// register-tiled routine (product). The backward recomputes a block's probabilities from the saved log-sum-exp and
 // accumulates the key and value gradients of its task directly, so tasks never share a write.
 
 #include <torch/extension.h>
@@ -21,91 +22,118 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-constexpr int64_t BQ = 32;  // query rows per block
+constexpr int64_t BQ = 32;                // query rows per block
+constexpr int64_t VS = Vec::size();       // floats per vector
+constexpr int TR = VS == 16 ? 8 : 4;      // rows of a register tile: 16 accumulators of AVX-512's 32
+constexpr int TC = 2;                     // registers, 8 of AVX2's 16; columns of a tile, in vectors
 
-// out[r * ldo + c] = scale[r] * sum_{t < K} a[r * lda + t] * b[t * ldb + c], for r < rows, c < cols:
-// a block's scores (a: queries, b: keys transposed) and its probabilities by the values (a: the
-// probabilities, b: values). Four rows at a time share each load of b; columns go a vector at a time.
-void small_gemm(const float* a, int64_t lda, const float* b, int64_t ldb, float* out, int64_t ldo, int64_t rows,
-                int64_t K, int64_t cols, const float* scale) {
-  const int64_t V = Vec::size();
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// One product out = diag(scale) A B (or out += diag(scale) A B): A's element (r, t) is
+// a[r * ars + t * aks] (a matrix or a transposed one), B's (t, c) is b[t * ldb + c], out's (r, c) is
+// out[r * ldo + c], and row r's scale is scale[r].
+struct Product {
+  const float* a;
+  int64_t ars, aks;
+  const float* b;
+  int64_t ldb;
+  float* out;
+  int64_t ldo;
+  const float* scale;
+};
+
+// Rows r..r + R and the C vectors of columns from c, over t < K: each load of B serves R rows and each
+// element of A C vectors, in R x C accumulators (enough to keep the multiply-add units busy).
+template <int R, int C, bool Accumulate>
+inline void tile(const Product& m, int64_t r, int64_t c, int64_t K) {
+  Vec acc[R][C];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < C; ++j) acc[i][j] = Vec(0.f);
+  const float* a = m.a + r * m.ars;
+  for (int64_t t = 0; t < K; ++t) {
+    Vec bt[C];
+#pragma GCC unroll 2
+    for (int j = 0; j < C; ++j) bt[j] = Vec::loadu(m.b + t * m.ldb + c + j * VS);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const Vec ai(a[i * m.ars + t * m.aks]);
+#pragma GCC unroll 2
+      for (int j = 0; j < C; ++j) acc[i][j] = at::vec::fmadd(ai, bt[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const Vec s(m.scale[r + i]);
+#pragma GCC unroll 2
+    for (int j = 0; j < C; ++j) {
+      float* o = m.out + (r + i) * m.ldo + c + j * VS;
+      (Accumulate ? at::vec::fmadd(acc[i][j], s, Vec::loadu(o)) : acc[i][j] * s).store(o);
+    }
+  }
+}
+
+template <int C, bool Accumulate>
+void tile_rows(const Product& m, int64_t rows, int64_t c, int64_t K) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const float *a0 = a + r * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
-    for (int64_t c = 0; c < cols; c += V) {
-      const int64_t cnt = std::min(V, cols - c);
-      Vec c0(0.f), c1(0.f), c2(0.f), c3(0.f);
-      for (int64_t t = 0; t < K; ++t) {
-        const Vec bt = Vec::loadu(b + t * ldb + c, cnt);
-        c0 = at::vec::fmadd(Vec(a0[t]), bt, c0);
-        c1 = at::vec::fmadd(Vec(a1[t]), bt, c1);
-        c2 = at::vec::fmadd(Vec(a2[t]), bt, c2);
-        c3 = at::vec::fmadd(Vec(a3[t]), bt, c3);
-      }
-      (c0 * Vec(scale[r])).store(out + r * ldo + c, cnt);
-      (c1 * Vec(scale[r + 1])).store(out + (r + 1) * ldo + c, cnt);
-      (c2 * Vec(scale[r + 2])).store(out + (r + 2) * ldo + c, cnt);
-      (c3 * Vec(scale[r + 3])).store(out + (r + 3) * ldo + c, cnt);
-    }
-  }
-  for (; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; c += V) {
-      const int64_t cnt = std::min(V, cols - c);
-      Vec c0(0.f);
-      for (int64_t t = 0; t < K; ++t) c0 = at::vec::fmadd(Vec(a[r * lda + t]), Vec::loadu(b + t * ldb + c, cnt), c0);
-      (c0 * Vec(scale[r])).store(out + r * ldo + c, cnt);
-    }
+  for (; r + TR <= rows; r += TR) tile<TR, C, Accumulate>(m, r, c, K);
+  for (; r < rows; ++r) tile<1, C, Accumulate>(m, r, c, K);
+}
+
+// The product over rows x cols; columns past the last whole vector (a head width that is not a
+// multiple of the vector) go a row at a time with partial loads.
+template <bool Accumulate>
+void product(const Product& m, int64_t rows, int64_t K, int64_t cols) {
+  const int64_t whole = cols / VS * VS;
+  int64_t c = 0;
+  for (; c + TC * VS <= whole; c += TC * VS) tile_rows<TC, Accumulate>(m, rows, c, K);
+  for (; c < whole; c += VS) tile_rows<1, Accumulate>(m, rows, c, K);
+  if (c == cols) return;
+  const int64_t cnt = cols - c;
+  for (int64_t r = 0; r < rows; ++r) {
+    Vec acc(0.f);
+    for (int64_t t = 0; t < K; ++t)
+      acc = at::vec::fmadd(Vec(m.a[r * m.ars + t * m.aks]), Vec::loadu(m.b + t * m.ldb + c, cnt), acc);
+    float* o = m.out + r * m.ldo + c;
+    const Vec s(m.scale[r]);
+    (Accumulate ? at::vec::fmadd(acc, s, Vec::loadu(o, cnt)) : acc * s).store(o, cnt);
   }
 }
 
-// acc[j, :] += scale * sum_{r < rows} w[r * L + j] * x[r, :], for j < n (x: (rows, D), acc: (n, D)).
-void add_transposed_weights_by_rows(const float* w, const float* x, float* acc, int64_t rows, int64_t n, int64_t D,
-                                    int64_t L, float scale) {
-  const int64_t V = Vec::size();
-  const Vec s(scale);
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    for (int64_t c = 0; c < D; c += V) {
-      const int64_t cnt = std::min(V, D - c);
-      Vec c0(0.f), c1(0.f), c2(0.f), c3(0.f);
-      for (int64_t r = 0; r < rows; ++r) {
-        const Vec xr = Vec::loadu(x + r * D + c, cnt);
-        const float* wr = w + r * L + j;
-        c0 = at::vec::fmadd(Vec(wr[0]), xr, c0);
-        c1 = at::vec::fmadd(Vec(wr[1]), xr, c1);
-        c2 = at::vec::fmadd(Vec(wr[2]), xr, c2);
-        c3 = at::vec::fmadd(Vec(wr[3]), xr, c3);
-      }
-      float* a = acc + j * D + c;
-      at::vec::fmadd(c0, s, Vec::loadu(a, cnt)).store(a, cnt);
-      at::vec::fmadd(c1, s, Vec::loadu(a + D, cnt)).store(a + D, cnt);
-      at::vec::fmadd(c2, s, Vec::loadu(a + 2 * D, cnt)).store(a + 2 * D, cnt);
-      at::vec::fmadd(c3, s, Vec::loadu(a + 3 * D, cnt)).store(a + 3 * D, cnt);
-    }
-  }
-  for (; j < n; ++j) {
-    for (int64_t c = 0; c < D; c += V) {
-      const int64_t cnt = std::min(V, D - c);
-      Vec c0(0.f);
-      for (int64_t r = 0; r < rows; ++r) c0 = at::vec::fmadd(Vec(w[r * L + j]), Vec::loadu(x + r * D + c, cnt), c0);
-      float* a = acc + j * D + c;
-      at::vec::fmadd(c0, s, Vec::loadu(a, cnt)).store(a, cnt);
-    }
-  }
-}
-
-// xt (D, L) = x (L, D) transposed.
-void transpose(const float* x, float* xt, int64_t L, int64_t D) {
+// xt (D, ld) = x (L, D) transposed; columns L..ld of xt are left as they are (zero).
+void transpose(const float* x, float* xt, int64_t L, int64_t D, int64_t ld) {
   for (int64_t j = 0; j < L; ++j)
-    for (int64_t d = 0; d < D; ++d) xt[d * L + j] = x[j * D + d];
+    for (int64_t d = 0; d < D; ++d) xt[d * ld + j] = x[j * D + d];
 }
 
-// Row r of a block whose first query is r0 sees keys 0..r0 + r; the block's later columns are zeroed.
+// Row r of a block whose first query is r0 sees keys 0..r0 + r.
 int64_t visible(int64_t r0, int64_t r) { return r0 + r + 1; }
 
 void check(const at::Tensor& x, const at::Tensor& like, const char* name) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
   TORCH_CHECK(x.sizes() == like.sizes(), name, " must have the queries' shape ", like.sizes(), ", got ", x.sizes());
+}
+
+// Per-task buffers: rows of ld = L rounded up to whole vectors, so that every product and softmax
+// pass over a block's scores runs on whole vectors; the keys (and values) transposed, zero past L.
+struct Buffers {
+  int64_t ld;
+  std::vector<float> kt, vt, p, ds, scales, ones;
+  Buffers(int64_t L, int64_t D, float scale, bool backward)
+      : ld(round_up(L, VS)),
+        kt(D * ld, 0.f),
+        vt(backward ? D * ld : 0, 0.f),
+        p(BQ * ld),
+        ds(backward ? BQ * ld : 0),
+        scales(std::max(L, BQ), scale),
+        ones(std::max(L, BQ), 1.f) {}
+};
+
+// Sets the scores of a block row past the keys it sees (up to the row's whole vectors) to -inf, whose
+// probability is then exactly 0.
+void mask_future(float* row, int64_t seen, int64_t width) {
+  std::fill(row + seen, row + width, -std::numeric_limits<float>::infinity());
 }
 
 }  // namespace
@@ -123,39 +151,34 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
   const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *Vv = v.data_ptr<float>();
   float *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * L), p(BQ * L);
-    const int64_t V = Vec::size();
-    float scales[BQ];
-    std::fill(scales, scales + BQ, scale);
+    Buffers buf(L, D, scale, false);
+    const int64_t ld = buf.ld;
+    float* P = buf.p.data();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
-      transpose(K + base, kt.data(), L, D);
+      transpose(K + base, buf.kt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
-        const int64_t rows = std::min(BQ, L - r0), n = r0 + rows;
-        small_gemm(Q + base + r0 * D, D, kt.data(), L, p.data(), L, rows, D, n, scales);  // scores
+        const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
+        product<false>({Q + base + r0 * D, D, 1, buf.kt.data(), ld, P, ld, buf.scales.data()}, rows, D, width);
         float inv_sum[BQ];
         for (int64_t r = 0; r < rows; ++r) {
-          float* pr = p.data() + r * L;
-          const int64_t seen = visible(r0, r);
+          float* pr = P + r * ld;
+          mask_future(pr, visible(r0, r), width);
           Vec mv(-std::numeric_limits<float>::infinity());
-          int64_t j = 0;
-          for (; j + V <= seen; j += V) mv = at::vec::maximum(mv, Vec::loadu(pr + j));
-          float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mv);
-          for (; j < seen; ++j) m = std::max(m, pr[j]);
+          for (int64_t j = 0; j < width; j += VS) mv = at::vec::maximum(mv, Vec::loadu(pr + j));
+          const float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mv);
           const Vec mb(m);
           Vec sv(0.f);
-          for (j = 0; j < seen; j += V) {
-            const int64_t cnt = std::min(V, seen - j);
-            const Vec e = (Vec::loadu(pr + j, cnt) - mb).exp();
-            e.store(pr + j, cnt);
-            sv = sv + (cnt == V ? e : Vec::set(Vec(0.f), e, cnt));
+          for (int64_t j = 0; j < width; j += VS) {
+            const Vec e = (Vec::loadu(pr + j) - mb).exp();
+            e.store(pr + j);
+            sv = sv + e;
           }
-          std::fill(pr + seen, pr + n, 0.f);
           const float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sv);
           LSE[t * L + r0 + r] = m + std::log(sum);
           inv_sum[r] = 1.f / sum;
         }
-        small_gemm(p.data(), L, Vv + base, D, O + base + r0 * D, D, rows, n, D, inv_sum);
+        product<false>({P, ld, 1, Vv + base, D, O + base + r0 * D, D, inv_sum}, rows, n, D);  // probabilities by values
       }
     }
   });
@@ -181,37 +204,35 @@ std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const
               *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
   float *DQ = dq.data_ptr<float>(), *DK = dk.data_ptr<float>(), *DV = dv.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(D * L), vt(D * L), p(BQ * L), ds(BQ * L);
-    const int64_t V = Vec::size();
-    float scales[BQ], ones[BQ];
-    std::fill(scales, scales + BQ, scale);
-    std::fill(ones, ones + BQ, 1.f);
+    Buffers buf(L, D, scale, true);
+    const int64_t ld = buf.ld;
+    float *P = buf.p.data(), *DS = buf.ds.data();
+    const float *scales = buf.scales.data(), *ones = buf.ones.data();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
-      transpose(K + base, kt.data(), L, D);
-      transpose(Vv + base, vt.data(), L, D);
+      transpose(K + base, buf.kt.data(), L, D, ld);
+      transpose(Vv + base, buf.vt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
-        const int64_t rows = std::min(BQ, L - r0), n = r0 + rows;
-        small_gemm(Q + base + r0 * D, D, kt.data(), L, p.data(), L, rows, D, n, scales);  // scores
-        small_gemm(G + base + r0 * D, D, vt.data(), L, ds.data(), L, rows, D, n, ones);  // grad of probabilities
+        const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
+        const float *Qb = Q + base + r0 * D, *Gb = G + base + r0 * D;
+        product<false>({Qb, D, 1, buf.kt.data(), ld, P, ld, scales}, rows, D, width);  // scores
+        product<false>({Gb, D, 1, buf.vt.data(), ld, DS, ld, ones}, rows, D, width);   // grad of probabilities
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = r0 + r, seen = visible(r0, r);
-          float *pr = p.data() + r * L, *dsr = ds.data() + r * L;
+          const int64_t i = r0 + r;
+          float *pr = P + r * ld, *dsr = DS + r * ld;
+          mask_future(pr, visible(r0, r), width);
           float dot = 0.f;  // sum_d grad[i, d] * out[i, d]
           for (int64_t d = 0; d < D; ++d) dot += G[base + i * D + d] * O[base + i * D + d];
           const Vec lb(LSE[t * L + i]), db(dot);
-          for (int64_t j = 0; j < seen; j += V) {
-            const int64_t cnt = std::min(V, seen - j);
-            const Vec prob = (Vec::loadu(pr + j, cnt) - lb).exp();
-            prob.store(pr + j, cnt);
-            (prob * (Vec::loadu(dsr + j, cnt) - db)).store(dsr + j, cnt);  // grad of the scaled scores
+          for (int64_t j = 0; j < width; j += VS) {
+            const Vec prob = (Vec::loadu(pr + j) - lb).exp();
+            prob.store(pr + j);
+            (prob * (Vec::loadu(dsr + j) - db)).store(dsr + j);  // grad of the scaled scores
           }
-          std::fill(pr + seen, pr + n, 0.f);
-          std::fill(dsr + seen, dsr + n, 0.f);
         }
-        small_gemm(ds.data(), L, K + base, D, DQ + base + r0 * D, D, rows, n, D, scales);
-        add_transposed_weights_by_rows(p.data(), G + base + r0 * D, DV + base, rows, n, D, L, 1.f);
-        add_transposed_weights_by_rows(ds.data(), Q + base + r0 * D, DK + base, rows, n, D, L, scale);
+        product<false>({DS, ld, 1, K + base, D, DQ + base + r0 * D, D, scales}, rows, n, D);
+        product<true>({P, 1, ld, Gb, D, DV + base, D, ones}, n, rows, D);     // dv += p^T grad
+        product<true>({DS, 1, ld, Qb, D, DK + base, D, scales}, n, rows, D);  // dk += scale ds^T q
       }
     }
   });

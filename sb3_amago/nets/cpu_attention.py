@@ -64,10 +64,14 @@ _kernels: ModuleType | None = None
 _tried = False
 
 
+#: The start of every build's name (and of its library's file name).
+BUILD_PREFIX = "sb3_amago_cpu_attention"
+
+
 def build_name(capability: str) -> str:
     """The extension's name for a CPU capability: one build per capability and torch version, since
     a build is compiled against one torch's headers and for one instruction set."""
-    return re.sub(r"\W", "_", f"sb3_amago_cpu_attention_{capability.lower()}_torch_{th.__version__}")
+    return re.sub(r"\W", "_", f"{BUILD_PREFIX}_{capability.lower()}_torch_{th.__version__}")
 
 
 def load() -> bool:

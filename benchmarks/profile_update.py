@@ -5,8 +5,8 @@ working tree, compiled with ``--compile``); ``perf record`` then samples that pr
 while it runs ``--updates`` timed updates. Each sample is put in one class by the code it was in
 (:func:`classify`): the matrix products (oneDNN's run-time generated kernels, MKL, oneDNN's own
 host code), the package's CPU attention kernel (``sb3_amago/nets/cpu_attention.cpp``: the
-attention's products and its softmax), the compiled graph's kernels, torch's native kernels (elementwise, norms, copies, the
-optimizer's), an OpenMP thread waiting, and host code (the Python interpreter, torch's Python
+attention's products and its softmax), the compiled graph's kernels, torch's native kernels
+(elementwise, norms, copies, the optimizer's), an OpenMP thread waiting, and host code (the Python interpreter, torch's Python
 bindings and dispatcher, the C library's allocations and plain copies). The main thread runs the update
 from start to end, so its samples split the update's wall time; the other threads' samples say how
 long the OpenMP workers wait while the main thread works alone. The main thread's most sampled

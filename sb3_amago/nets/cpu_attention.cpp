@@ -6,8 +6,9 @@
 // running one of a flash kernel; the block then multiplies its probabilities by the values. Keys and
 // values are transposed once per task so that a block's scores are products along the keys, vectorised
 // across them; rows are padded to whole vectors, and all five products of the two passes run on one
-// register-tiled routine (product). The backward recomputes a block's probabilities from the saved log-sum-exp and
-// accumulates the key and value gradients of its task directly, so tasks never share a write.
+// register-tiled routine (product). The backward recomputes a block's probabilities from the saved
+// log-sum-exp and accumulates the key and value gradients of its task directly, so tasks never share
+// a write.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -127,7 +128,7 @@ struct Buffers {
         p(BQ * ld),
         ds(backward ? BQ * ld : 0),
         scales(std::max(L, BQ), scale),
-        ones(std::max(L, BQ), 1.f) {}
+        ones(backward ? std::max(L, BQ) : 0, 1.f) {}
 };
 
 // Sets the scores of a block row past the keys it sees (up to the row's whole vectors) to -inf, whose

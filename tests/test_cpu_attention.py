@@ -2,6 +2,7 @@
 values and gradients, compiled as eager, used by the Transformer's training pass where it is built,
 and the setting and fallbacks around its build."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.nets import cpu_attention, make_traj_encoder
+from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.transformer import causal_attention
 
 BUILDS_HERE = th.backends.cpu.get_cpu_capability() in cpu_attention.ISA_FLAGS and cpu_attention.CHOICE != "torch"
@@ -68,13 +70,70 @@ def test_strided_inputs_give_the_contiguous_inputs_values(kernel: None) -> None:
     assert all(th.equal(a, b) for a, b in zip(strided, contiguous))
 
 
+def _projection(batch: int, length: int, heads: int, width: int, seed: int) -> th.Tensor:
+    """Queries, keys and values ``(3, B, H, L, Dh)`` as the Transformer's views of one projection."""
+    gen = th.Generator().manual_seed(seed)
+    return th.randn(batch, length, 3, heads, width, generator=gen).permute(2, 0, 3, 1, 4)
+
+
 @needs_kernel
-def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None) -> None:
-    compiled = th.compile(cpu_attention.causal_attention, dynamic=True, fullgraph=True)
+@pytest.mark.parametrize("shape", [(2, 3, 37, 16), (1, 2, 65, 8), (2, 1, 5, 24)], ids=lambda s: "x".join(map(str, s)))
+def test_rotary_tables_turn_queries_and_keys_inside_the_kernel(kernel: None, shape: tuple[int, int, int, int]) -> None:
+    # The values and gradients of rotating with torch's operators and then attending, bit for bit
+    # (the kernel rounds the rotation's products as torch does), and close to float64.
+    batch, heads, length, width = shape
+    qkv = _projection(batch, length, heads, width, seed=length)
+    rotary = rotary_tables(th.randint(0, 1000, (batch, length), generator=th.Generator().manual_seed(1)), width)
+    grad = th.randn(batch, heads, length, width, generator=th.Generator().manual_seed(2))
+
+    def outputs_and_grads(attend: Any, x: th.Tensor) -> list[th.Tensor]:
+        x = x.detach().requires_grad_()
+        out = attend(x)
+        out.backward(grad.to(x.dtype))
+        return [out.detach(), x.grad]
+
+    def inside(x: th.Tensor) -> th.Tensor:
+        return cpu_attention.causal_attention(*x.unbind(0), rotary)
+
+    def rotated_first(x: th.Tensor) -> th.Tensor:
+        q, k = apply_rotary(x[:2], rotary).unbind(0)
+        return cpu_attention.causal_attention(q, k, x[2])
+
+    def float64(x: th.Tensor) -> th.Tensor:
+        q, k = apply_rotary(x[:2], tuple(t.double() for t in rotary)).unbind(0)
+        return F.scaled_dot_product_attention(q, k, x[2], is_causal=True)
+
+    got = outputs_and_grads(inside, qkv)
+    assert all(th.equal(a, b) for a, b in zip(got, outputs_and_grads(rotated_first, qkv)))
+    for a, b in zip(got, outputs_and_grads(float64, qkv.double())):
+        th.testing.assert_close(a.double(), b, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+def test_rotary_tables_are_checked(kernel: None) -> None:
+    q, k, v = _projection(1, 4, 2, 16, seed=0).unbind(0)
+    cos, sin = rotary_tables(th.arange(4).unsqueeze(0), 16)
+    with pytest.raises(RuntimeError, match="give both rotary tables"):
+        cpu_attention.causal_attention_with_lse(q, k, v, cos, sin[:0])
+    odd = _projection(1, 4, 2, 5, seed=0).unbind(0)
+    with pytest.raises(RuntimeError, match="even head width"):
+        cpu_attention.causal_attention(*odd, (th.ones(1, 1, 4, 5), th.zeros(1, 1, 4, 5)))
+
+
+@needs_kernel
+@pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python_wrapper", "cpp_wrapper"])
+def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None, cpp_wrapper: bool) -> None:
+    # With and without rotary tables; AMAGO compiles CPU updates with inductor's C++ wrapper, which
+    # calls the operator through the dispatcher with every argument of its schema.
+    compiled = th.compile(cpu_attention.causal_attention, dynamic=True, fullgraph=True, options={"cpp_wrapper": cpp_wrapper})
     for length in (9, 40):  # one graph for both (dynamic shapes)
         gen = th.Generator().manual_seed(length)
         q, k, v, grad = (th.randn(2, 2, length, 16, generator=gen) for _ in range(4))
         eager, traced = kernel_run(q, k, v, grad), kernel_run(q, k, v, grad, fn=compiled)
+        assert all(th.equal(a, b) for a, b in zip(eager, traced))
+        rotary = rotary_tables(th.arange(length).repeat(2, 1), 16)
+        eager = kernel_run(q, k, v, grad, fn=functools.partial(cpu_attention.causal_attention, rotary=rotary))
+        traced = kernel_run(q, k, v, grad, fn=functools.partial(compiled, rotary=rotary))
         assert all(th.equal(a, b) for a, b in zip(eager, traced))
 
 
@@ -82,9 +141,11 @@ class _Ops(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
+        self.calls: list[tuple[str, tuple]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         self.names.append(str(func))
+        self.calls.append((str(func), args))
         return func(*args, **(kwargs or {}))
 
 
@@ -97,6 +158,8 @@ def test_the_transformers_training_pass_runs_the_kernel_forward_and_backward(ker
     assert ops.names.count("sb3_amago.causal_attention.default") == 2  # one per layer
     assert ops.names.count("sb3_amago.causal_attention_backward.default") == 2
     assert not [name for name in ops.names if "scaled_dot_product" in name or name == "aten.bmm.default"]
+    # The rotary tables go into the kernel, which turns queries and keys itself.
+    assert all(args[3] is not None for name, args in ops.calls if name == "sb3_amago.causal_attention.default")
 
 
 def test_set_aside_the_training_pass_takes_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,12 @@
 // Causal softmax attention on the CPU in fp32, forward and backward (sb3_amago/nets/cpu_attention.py).
 //
-// Inputs are (..., L, D) contiguous float tensors; every leading index (batch x head) is one task of
-// at::parallel_for. Within a task the queries go in blocks of BQ rows: a block's scores against every
-// key it may see (rows x n, n = last row + 1) are computed whole, so the softmax is exact, not the
-// running one of a flash kernel; the block then multiplies its probabilities by the values. Keys and
+// Inputs are (..., L, D) float tensors of any strides along the leading and row axes (the Transformer
+// passes views of one projection); every leading index (batch x head) is one task of at::parallel_for.
+// Rotary tables (cosines and signed sines, broadcastable to the queries' shape; empty: none) turn the
+// queries and keys as they are read, and the backward turns their gradients back, so the rotation
+// costs no pass of its own. Within a task the queries go in blocks of BQ rows: a block's scores
+// against every key it may see (rows x n, n = last row + 1) are computed whole, so the softmax is
+// exact, not the running one of a flash kernel; the block then multiplies its probabilities by the values. Keys and
 // values are transposed once per task so that a block's scores are products along the keys, vectorised
 // across them; rows are padded to whole vectors, and all five products of the two passes run on one
 // register-tiled routine (product). The backward recomputes a block's probabilities from the saved
@@ -18,6 +21,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -102,10 +107,86 @@ void product(const Product& m, int64_t rows, int64_t K, int64_t cols) {
   }
 }
 
-// xt (D, ld) = x (L, D) transposed; columns L..ld of xt are left as they are (zero).
-void transpose(const float* x, float* xt, int64_t L, int64_t D, int64_t ld) {
+// One task's rows of a (..., L, D) tensor: row j starts at data + j * row_stride, its elements contiguous.
+struct Rows {
+  const float* data;
+  int64_t row_stride;
+  const float* row(int64_t j) const { return data + j * row_stride; }
+};
+
+// Where each task's rows start in a (..., L, D) tensor with a contiguous last axis, and their stride.
+struct TaskRows {
+  const float* data;
+  int64_t row_stride;
+  std::vector<int64_t> offsets;
+  TaskRows(const at::Tensor& x, int64_t tasks) : data(x.data_ptr<float>()), row_stride(x.stride(-2)), offsets(tasks) {
+    const int64_t lead = x.dim() - 2;
+    for (int64_t t = 0; t < tasks; ++t) {
+      int64_t rest = t, offset = 0;
+      for (int64_t a = lead - 1; a >= 0; --a) {
+        offset += rest % x.size(a) * x.stride(a);
+        rest /= x.size(a);
+      }
+      offsets[t] = offset;
+    }
+  }
+  Rows task(int64_t t) const { return {data + offsets[t], row_stride}; }
+};
+
+// The rotary tables of a task, or none (cos.data == nullptr).
+struct Rotation {
+  Rows cos, sin;
+  bool on() const { return cos.data != nullptr; }
+};
+
+// The rotation rounds each product before the sum, as torch's operators (and inductor's code, built
+// with -ffp-contract=off) do: GCC would otherwise fuse them into one multiply-add in C++.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+// y = x cos + swap(x) sin over one row, swap exchanging the row's halves (the tables' signed sines
+// make this the rotation of each feature pair): the values of the same expression in torch. One
+// loop per half, without a branch, so that the compiler vectorises them.
+void rotate(const float* x, const float* cos, const float* sin, float* y, int64_t D) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+  const int64_t h = D / 2;
+  for (int64_t d = 0; d < h; ++d) y[d] = x[d] * cos[d] + x[d + h] * sin[d];
+  for (int64_t d = h; d < D; ++d) y[d] = x[d] * cos[d] + x[d - h] * sin[d];
+}
+
+// The gradient of x from the gradient g of rotate's y, in place: g cos + swap(g sin); gs holds D floats.
+void rotate_back(float* g, const float* cos, const float* sin, float* gs, int64_t D) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+  const int64_t h = D / 2;
+  for (int64_t d = 0; d < D; ++d) gs[d] = g[d] * sin[d];
+  for (int64_t d = 0; d < h; ++d) g[d] = g[d] * cos[d] + gs[d + h];
+  for (int64_t d = h; d < D; ++d) g[d] = g[d] * cos[d] + gs[d - h];
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+// out (L, D) contiguous = the task's rows, turned by rot where it is on.
+void gather_rows(Rows x, const Rotation& rot, float* out, int64_t L, int64_t D) {
+  for (int64_t j = 0; j < L; ++j) {
+    if (rot.on())
+      rotate(x.row(j), rot.cos.row(j), rot.sin.row(j), out + j * D, D);
+    else
+      std::copy(x.row(j), x.row(j) + D, out + j * D);
+  }
+}
+
+// xt (D, ld) = x's L rows of D transposed; columns L..ld of xt are left as they are (zero).
+void transpose(Rows x, float* xt, int64_t L, int64_t D, int64_t ld) {
   for (int64_t j = 0; j < L; ++j)
-    for (int64_t d = 0; d < D; ++d) xt[d * ld + j] = x[j * D + d];
+    for (int64_t d = 0; d < D; ++d) xt[d * ld + j] = x.row(j)[d];
 }
 
 // Row r of a block whose first query is r0 sees keys 0..r0 + r.
@@ -116,19 +197,53 @@ void check(const at::Tensor& x, const at::Tensor& like, const char* name) {
   TORCH_CHECK(x.sizes() == like.sizes(), name, " must have the queries' shape ", like.sizes(), ", got ", x.sizes());
 }
 
+// x itself where its last axis is contiguous (strides elsewhere are read as they are), else a contiguous copy.
+at::Tensor rows_contiguous(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
+
+// The rotary tables broadcast to the queries' shape, checked; undefined tensors where both are empty
+// (no rotation).
+std::pair<at::Tensor, at::Tensor> tables(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q) {
+  TORCH_CHECK((cos.numel() == 0) == (sin.numel() == 0), "give both rotary tables (cos and sin), or both empty");
+  if (cos.numel() == 0) return {at::Tensor(), at::Tensor()};
+  TORCH_CHECK(q.size(-1) % 2 == 0, "rotary tables need an even head width, got ", q.size(-1));
+  auto c = cos.expand(q.sizes()), s = sin.expand(q.sizes());
+  check(c, q, "cos");
+  check(s, q, "sin");
+  return {rows_contiguous(c), rows_contiguous(s)};
+}
+
+// The rotation of task t: its rows of the tables, or none.
+struct Tables {
+  std::unique_ptr<TaskRows> cos, sin;
+  Tables(const at::Tensor& c, const at::Tensor& s, int64_t tasks) {
+    if (c.defined()) {
+      cos = std::make_unique<TaskRows>(c, tasks);
+      sin = std::make_unique<TaskRows>(s, tasks);
+    }
+  }
+  Rotation task(int64_t t) const {
+    if (!cos) return {{nullptr, 0}, {nullptr, 0}};
+    return {cos->task(t), sin->task(t)};
+  }
+};
+
 // Per-task buffers: rows of ld = L rounded up to whole vectors, so that every product and softmax
-// pass over a block's scores runs on whole vectors; the keys (and values) transposed, zero past L.
+// pass over a block's scores runs on whole vectors; the keys (and values) transposed, zero past L;
+// the queries (and keys) gathered contiguous, turned where there are rotary tables.
 struct Buffers {
   int64_t ld;
-  std::vector<float> kt, vt, p, ds, scales, ones;
+  std::vector<float> qr, kr, kt, vt, p, ds, scales, ones, scratch;
   Buffers(int64_t L, int64_t D, float scale, bool backward)
       : ld(round_up(L, VS)),
+        qr(L * D),
+        kr(L * D),
         kt(D * ld, 0.f),
         vt(backward ? D * ld : 0, 0.f),
         p(BQ * ld),
         ds(backward ? BQ * ld : 0),
         scales(std::max(L, BQ), scale),
-        ones(backward ? std::max(L, BQ) : 0, 1.f) {}
+        ones(backward ? std::max(L, BQ) : 0, 1.f),
+        scratch(D) {}
 };
 
 // Sets the scores of a block row past the keys it sees (up to the row's whole vectors) to -inf, whose
@@ -139,28 +254,35 @@ void mask_future(float* row, int64_t seen, int64_t width) {
 
 }  // namespace
 
-// (out, logsumexp): out (..., L, D), logsumexp (..., L) of each query's scaled scores.
-std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) {
+// (out, logsumexp): out (..., L, D) contiguous, logsumexp (..., L) of each query's scaled scores; the
+// queries and keys turned by the rotary tables cos and sin unless both are empty.
+std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
+                                                 const at::Tensor& cos_, const at::Tensor& sin_) {
   check(q_, q_, "q");
   check(k_, q_, "k");
   check(v_, q_, "v");
-  const auto q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous();
+  const auto q = rows_contiguous(q_), k = rows_contiguous(k_), v = rows_contiguous(v_);
+  const auto [cos, sin] = tables(cos_, sin_, q);
   const int64_t L = q.size(-2), D = q.size(-1), tasks = L * D == 0 ? 0 : q.numel() / (L * D);
-  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  auto out = at::empty(q.sizes(), q.options());
   auto lse = at::empty(q.sizes().slice(0, q.dim() - 1), q.options());
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *Vv = v.data_ptr<float>();
+  const TaskRows Q(q, tasks), K(k, tasks), V(v, tasks);
+  const Tables rot(cos, sin, tasks);
   float *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Buffers buf(L, D, scale, false);
     const int64_t ld = buf.ld;
-    float* P = buf.p.data();
+    float *P = buf.p.data(), *Qr = buf.qr.data();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
-      transpose(K + base, buf.kt.data(), L, D, ld);
+      const Rows vt = V.task(t);
+      gather_rows(Q.task(t), rot.task(t), Qr, L, D);
+      gather_rows(K.task(t), rot.task(t), buf.kr.data(), L, D);
+      transpose({buf.kr.data(), D}, buf.kt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
-        product<false>({Q + base + r0 * D, D, 1, buf.kt.data(), ld, P, ld, buf.scales.data()}, rows, D, width);
+        product<false>({Qr + r0 * D, D, 1, buf.kt.data(), ld, P, ld, buf.scales.data()}, rows, D, width);
         float inv_sum[BQ];
         for (int64_t r = 0; r < rows; ++r) {
           float* pr = P + r * ld;
@@ -179,43 +301,52 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
           LSE[t * L + r0 + r] = m + std::log(sum);
           inv_sum[r] = 1.f / sum;
         }
-        product<false>({P, ld, 1, Vv + base, D, O + base + r0 * D, D, inv_sum}, rows, n, D);  // probabilities by values
+        // probabilities by values
+        product<false>({P, ld, 1, vt.data, vt.row_stride, O + base + r0 * D, D, inv_sum}, rows, n, D);
       }
     }
   });
   return {out, lse};
 }
 
-// (dq, dk, dv) from the output's gradient and the forward's inputs, output and logsumexp.
+// (dq, dk, dv), contiguous, from the output's gradient and the forward's inputs, tables, output and
+// logsumexp: the gradients of the inputs as given (before their rotation).
 std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const at::Tensor& q_, const at::Tensor& k_,
-                                                  const at::Tensor& v_, const at::Tensor& out_, const at::Tensor& lse_) {
+                                                  const at::Tensor& v_, const at::Tensor& cos_, const at::Tensor& sin_,
+                                                  const at::Tensor& out_,
+                                                  const at::Tensor& lse_) {
   check(q_, q_, "q");
   check(k_, q_, "k");
   check(v_, q_, "v");
   check(out_, q_, "out");
   check(grad_, q_, "grad");
-  const auto grad = grad_.contiguous(), q = q_.contiguous(), k = k_.contiguous(), v = v_.contiguous(),
-             out = out_.contiguous(), lse = lse_.contiguous();
+  const auto q = rows_contiguous(q_), k = rows_contiguous(k_), v = rows_contiguous(v_);
+  const auto grad = grad_.contiguous(), out = out_.contiguous(), lse = lse_.contiguous();
+  const auto [cos, sin] = tables(cos_, sin_, q);
   const int64_t L = q.size(-2), D = q.size(-1), tasks = L * D == 0 ? 0 : q.numel() / (L * D);
   TORCH_CHECK(lse.numel() == tasks * L && lse.scalar_type() == at::kFloat, "lse must be float32 with one value per query");
-  auto dq = at::empty_like(q, at::MemoryFormat::Contiguous);
-  auto dk = at::zeros_like(k, at::MemoryFormat::Contiguous), dv = at::zeros_like(v, at::MemoryFormat::Contiguous);
+  auto dq = at::empty(q.sizes(), q.options());
+  auto dk = at::zeros(q.sizes(), q.options()), dv = at::zeros(q.sizes(), q.options());
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *Vv = v.data_ptr<float>(), *G = grad.data_ptr<float>(),
-              *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
+  const TaskRows Q(q, tasks), K(k, tasks), V(v, tasks);
+  const Tables rot(cos, sin, tasks);
+  const float *G = grad.data_ptr<float>(), *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
   float *DQ = dq.data_ptr<float>(), *DK = dk.data_ptr<float>(), *DV = dv.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Buffers buf(L, D, scale, true);
     const int64_t ld = buf.ld;
-    float *P = buf.p.data(), *DS = buf.ds.data();
+    float *P = buf.p.data(), *DS = buf.ds.data(), *Qr = buf.qr.data(), *Kr = buf.kr.data();
     const float *scales = buf.scales.data(), *ones = buf.ones.data();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
-      transpose(K + base, buf.kt.data(), L, D, ld);
-      transpose(Vv + base, buf.vt.data(), L, D, ld);
+      const Rotation turn = rot.task(t);
+      gather_rows(Q.task(t), turn, Qr, L, D);
+      gather_rows(K.task(t), turn, Kr, L, D);
+      transpose({Kr, D}, buf.kt.data(), L, D, ld);
+      transpose(V.task(t), buf.vt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
-        const float *Qb = Q + base + r0 * D, *Gb = G + base + r0 * D;
+        const float *Qb = Qr + r0 * D, *Gb = G + base + r0 * D;
         product<false>({Qb, D, 1, buf.kt.data(), ld, P, ld, scales}, rows, D, width);  // scores
         product<false>({Gb, D, 1, buf.vt.data(), ld, DS, ld, ones}, rows, D, width);   // grad of probabilities
         for (int64_t r = 0; r < rows; ++r) {
@@ -231,16 +362,22 @@ std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const
             (prob * (Vec::loadu(dsr + j) - db)).store(dsr + j);  // grad of the scaled scores
           }
         }
-        product<false>({DS, ld, 1, K + base, D, DQ + base + r0 * D, D, scales}, rows, n, D);
+        product<false>({DS, ld, 1, Kr, D, DQ + base + r0 * D, D, scales}, rows, n, D);
         product<true>({P, 1, ld, Gb, D, DV + base, D, ones}, n, rows, D);     // dv += p^T grad
         product<true>({DS, 1, ld, Qb, D, DK + base, D, scales}, n, rows, D);  // dk += scale ds^T q
+        if (turn.on())
+          for (int64_t i = r0; i < n; ++i)
+            rotate_back(DQ + base + i * D, turn.cos.row(i), turn.sin.row(i), buf.scratch.data(), D);
       }
+      if (turn.on())
+        for (int64_t j = 0; j < L; ++j)
+          rotate_back(DK + base + j * D, turn.cos.row(j), turn.sin.row(j), buf.scratch.data(), D);
     }
   });
   return {dq, dk, dv};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &causal_attention_forward, "causal attention: (out, logsumexp)");
+  m.def("forward", &causal_attention_forward, "causal attention, rotary tables unless empty: (out, logsumexp)");
   m.def("backward", &causal_attention_backward, "causal attention's gradients: (dq, dk, dv)");
 }

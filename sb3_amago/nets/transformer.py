@@ -65,15 +65,21 @@ def attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, **kwargs) -> th.Tensor:
 CPU_MATH_ATTENTION_MAX_STEPS = 129
 
 
+def uses_cpu_kernel(q: th.Tensor) -> bool:
+    """Whether attention over ``q`` runs on the package's kernel: fp32 on a CPU where it is built
+    (:mod:`sb3_amago.nets.cpu_attention`; eager calls build it)."""
+    if q.device.type != "cpu" or q.dtype != th.float32:
+        return False
+    if not th.compiler.is_compiling():
+        cpu_attention.load()  # once per process; AMAGO loads it before compiling
+    return cpu_attention.loaded()
+
+
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
     """Causal self-attention over whole sequences, ``(B, H, L, Dh)`` each -> ``(B, H, L, Dh)``: the
-    package's kernel for fp32 on a CPU where it is built (:mod:`sb3_amago.nets.cpu_attention`; eager
-    calls build it), :func:`torch_causal_attention` otherwise."""
-    if q.device.type == "cpu" and q.dtype == th.float32:
-        if not th.compiler.is_compiling():
-            cpu_attention.load()  # once per process; AMAGO loads it before compiling
-        if cpu_attention.loaded():
-            return cpu_attention.causal_attention(q, k, v)
+    package's kernel where :func:`uses_cpu_kernel`, :func:`torch_causal_attention` otherwise."""
+    if uses_cpu_kernel(q):
+        return cpu_attention.causal_attention(q, k, v)
     return torch_causal_attention(q, k, v)
 
 
@@ -144,6 +150,21 @@ def sinusoidal_embedding(time_idx: th.Tensor, d_model: int) -> th.Tensor:
     return th.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+def rotate(qkv: th.Tensor, rotary: Rotary) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """Queries, keys and values ``(B, H, L, Dh)`` from their stack ``(3, B, H, L, Dh)``, queries and keys
+    turned by :func:`~sb3_amago.nets.rotary.rotary_tables` when given (in one pass: half the operator calls)."""
+    if rotary is None:
+        q, k, v = qkv.unbind(0)
+        return q, k, v
+    q, k = apply_rotary(qkv[:2], rotary).unbind(0)
+    if th.compiler.is_compiling():
+        # Inductor lays the rotated queries and keys out in an order for which the CPU flash
+        # attention's compiled backward fixes a stride of the first window length: a batch of
+        # another length then fails an assertion. Contiguous ones it handles at any length.
+        q, k = q.contiguous(), k.contiguous()
+    return q, k, qkv[2]
+
+
 class TransformerBlock(nn.Module):
     """One pre-norm NormFormer block; see the module docstring.
 
@@ -169,22 +190,12 @@ class TransformerBlock(nn.Module):
         self.ff_out = make_linear(d_ff, d_model, sigma_reparam)
         self.dropout = FastDropout(dropout)
 
-    def _qkv(self, x: th.Tensor, rotary: Rotary) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """``(B, L, D)`` residual stream -> query, key, value, each ``(B, H, L, Dh)``; queries and
-        keys rotated by :func:`~sb3_amago.nets.rotary.rotary_tables` when given."""
+    def _qkv(self, x: th.Tensor) -> th.Tensor:
+        """``(B, L, D)`` residual stream -> queries, keys and values ``(3, B, H, L, Dh)``, a view of
+        the projection."""
         batch, length, _ = x.shape
         qkv = self.qkv(self.norm_attn_in(x)).view(batch, length, 3, self.n_heads, self.d_head)
-        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, L, Dh)
-        if rotary is None:
-            q, k, v = qkv.unbind(0)
-            return q, k, v
-        q, k = apply_rotary(qkv[:2], rotary).unbind(0)  # queries and keys in one pass: half the operator calls
-        if th.compiler.is_compiling():
-            # Inductor lays the rotated queries and keys out in an order for which the CPU flash
-            # attention's compiled backward fixes a stride of the first window length: a batch of
-            # another length then fails an assertion. Contiguous ones it handles at any length.
-            q, k = q.contiguous(), k.contiguous()
-        return q, k, qkv[2]
+        return qkv.permute(2, 0, 3, 1, 4)
 
     def _finish(self, x: th.Tensor, attn: th.Tensor) -> th.Tensor:
         """Attention output ``(B, H, L, Dh)`` + residual ``(B, L, D)`` -> block output ``(B, L, D)``."""
@@ -196,7 +207,13 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: th.Tensor, rotary: Rotary = None) -> th.Tensor:
         """Causal pass over whole sequences: ``(B, L, D)`` -> ``(B, L, D)``."""
-        q, k, v = self._qkv(x, rotary)
+        qkv = self._qkv(x)
+        if uses_cpu_kernel(qkv):
+            # The kernel reads the projection's views and turns queries and keys as it reads them
+            # (and their gradients back): no rotation pass and no copy of its inputs.
+            q, k, v = qkv.unbind(0)
+            return self._finish(x, cpu_attention.causal_attention(q, k, v, rotary))
+        q, k, v = rotate(qkv, rotary)
         if q.device.type == "cpu" and q.dtype == th.bfloat16:
             # torch's CPU flash-attention backward is 2-5x slower in bf16 than in fp32 at these
             # sizes, and attention is a small share of the FLOPs: it runs in fp32. Autocast would
@@ -220,7 +237,7 @@ class TransformerBlock(nn.Module):
         :return: ``(N, D)``
         """
         envs = th.arange(x.shape[0], device=x.device)
-        q, k, v = self._qkv(x.unsqueeze(1), rotary)  # (N, H, 1, Dh)
+        q, k, v = rotate(self._qkv(x.unsqueeze(1)), rotary)  # (N, H, 1, Dh)
         keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
         values[envs, :, slot] = v[:, :, 0].to(values.dtype)
         width = filled.shape[1]

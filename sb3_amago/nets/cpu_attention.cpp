@@ -277,8 +277,9 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
     for (int64_t t = begin; t < end; ++t) {
       const int64_t base = t * L * D;
       const Rows vt = V.task(t);
-      gather_rows(Q.task(t), rot.task(t), Qr, L, D);
-      gather_rows(K.task(t), rot.task(t), buf.kr.data(), L, D);
+      const Rotation turn = rot.task(t);
+      gather_rows(Q.task(t), turn, Qr, L, D);
+      gather_rows(K.task(t), turn, buf.kr.data(), L, D);
       transpose({buf.kr.data(), D}, buf.kt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
@@ -313,8 +314,7 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
 // logsumexp: the gradients of the inputs as given (before their rotation).
 std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const at::Tensor& q_, const at::Tensor& k_,
                                                   const at::Tensor& v_, const at::Tensor& cos_, const at::Tensor& sin_,
-                                                  const at::Tensor& out_,
-                                                  const at::Tensor& lse_) {
+                                                  const at::Tensor& out_, const at::Tensor& lse_) {
   check(q_, q_, "q");
   check(k_, q_, "k");
   check(v_, q_, "v");

@@ -1,7 +1,7 @@
 """Up to which window the training pass's causal attention is faster on torch's math backend than
 on its flash kernel, on this CPU: the evidence for ``CPU_MATH_ATTENTION_MAX_STEPS``.
 
-Where the package's own CPU attention kernel is not built (``sb3_amago/nets/cpu_attention.py``),
+Where the package's own CPU kernels are not built (``sb3_amago/nets/cpu_kernels.py``),
 ``torch_causal_attention`` (``sb3_amago/nets/transformer.py``) computes the training pass's attention
 with the math backend (batched products and a softmax, which ``torch.compile`` fuses) up to
 ``CPU_MATH_ATTENTION_MAX_STEPS`` steps and with the flash kernel above. Which is faster depends on
@@ -37,7 +37,7 @@ import bench_updates
 import torch as th
 from common import write_results
 
-from sb3_amago.nets import cpu_attention, transformer
+from sb3_amago.nets import cpu_kernels, transformer
 
 #: The two sides: the threshold each copy of the model runs with.
 BACKENDS = {"math": 10**9, "flash": 0}
@@ -48,7 +48,7 @@ def torch_backend(name: str) -> Iterator[None]:
     """Within the block, the training pass's attention runs on torch's backend ``name`` (the
     package's own CPU kernel, which runs in place of both where it is built, is set aside)."""
     with (
-        bench_updates.module_settings(cpu_attention, CHOICE="torch"),
+        bench_updates.module_settings(cpu_kernels, CHOICE="torch"),
         bench_updates.module_settings(transformer, CPU_MATH_ATTENTION_MAX_STEPS=BACKENDS[name]),
     ):
         yield

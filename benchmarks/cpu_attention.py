@@ -7,8 +7,8 @@ width 16) for each window of ``--lengths`` steps, on the package's kernel
 torch's flash kernel (``scaled_dot_product_attention``); each the best of ``--repeats``.
 
 Inside updates (``--update-rounds N``): two compiled reference updates (``bench_updates.py``) in this
-process, one traced and run with the kernel set aside (``cpu_attention.CHOICE = "torch"``) and one
-with it, timed alternately for N rounds of ``--updates`` updates, the order swapped every round:
+process, one traced and run with the package's CPU kernels set aside (``cpu_kernels.CHOICE = "torch"``:
+the dropout mask's kernel too, which the update's figure then includes) and one with them, timed alternately for N rounds of ``--updates`` updates, the order swapped every round:
 the median of the per-round ratios and the rounds in which the kernel's update was faster. One
 process, because this VM's speed moves between processes by more than the change.
 
@@ -28,7 +28,7 @@ from bench_updates import best_seconds, module_settings, trained_model
 from common import write_results
 from torch.nn import functional as F
 
-from sb3_amago.nets import cpu_attention
+from sb3_amago.nets import cpu_attention, cpu_kernels
 from sb3_amago.nets.transformer import causal_math_attention
 
 Attention = Callable[[th.Tensor, th.Tensor, th.Tensor], th.Tensor]
@@ -72,15 +72,15 @@ def kernel_figures(lengths: list[int], repeats: int) -> dict[str, dict[str, Any]
 
 def update_figure(length: int, rounds: int, updates: int) -> dict[str, Any]:
     """The compiled reference update with torch's attention over the one with the package's kernel."""
-    with module_settings(cpu_attention, CHOICE="torch"):
+    with module_settings(cpu_kernels, CHOICE="torch"):
         torchs = trained_model(length, compile_model=True)
     package = trained_model(length, compile_model=True)
     times: dict[str, list[float]] = {"torch": [], "package": []}
     for round_ in range(rounds):
         order = ["torch", "package"] if round_ % 2 == 0 else ["package", "torch"]
         for name in order:
-            model, choice = (torchs, "torch") if name == "torch" else (package, cpu_attention.CHOICE)
-            with module_settings(cpu_attention, CHOICE=choice):
+            model, choice = (torchs, "torch") if name == "torch" else (package, cpu_kernels.CHOICE)
+            with module_settings(cpu_kernels, CHOICE=choice):
                 start = time.perf_counter()
                 model.train(gradient_steps=updates, batch_size=8)
                 times[name].append((time.perf_counter() - start) / updates)
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--name", default="cpu_attention")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
-    if not cpu_attention.load():
+    if not cpu_kernels.load():
         raise SystemExit("the package's CPU attention kernel is not built on this machine (see the warning above)")
     figures = kernel_figures(args.lengths, args.repeats)
     for length in args.update_lengths if args.update_rounds else []:

@@ -5,8 +5,8 @@ working tree, compiled with ``--compile``); ``perf record`` then samples that pr
 while it runs ``--updates`` timed updates. Each sample is put in one class by the code it was in
 (:func:`classify`): the matrix products (oneDNN's run-time generated kernels, MKL, oneDNN's own
 host code), the package's CPU attention kernel (``sb3_amago/nets/cpu_attention.cpp``: the
-attention's products and its softmax), the compiled graph's kernels, torch's native kernels
-(elementwise, norms, copies, the optimizer's), an OpenMP thread waiting, and host code (the Python interpreter, torch's Python
+attention's products and its softmax), the compiled graph's kernels, native kernels (torch's
+elementwise ones, norms, copies, the optimizer's, and the package's dropout mask), an OpenMP thread waiting, and host code (the Python interpreter, torch's Python
 bindings and dispatcher, the C library's allocations and plain copies). The main thread runs the update
 from start to end, so its samples split the update's wall time; the other threads' samples say how
 long the OpenMP workers wait while the main thread works alone. The main thread's most sampled
@@ -39,7 +39,7 @@ from pathlib import Path
 from common import REPO, RESULTS_DIR, write_results
 from compare_commits import load_average
 
-from sb3_amago.nets import cpu_attention
+from sb3_amago.nets import cpu_kernels
 
 #: The classes, in report order.
 PRODUCTS = "matrix products"
@@ -81,8 +81,8 @@ def classify(symbol: str, dso: str) -> str:
         return PRODUCTS
     if name.startswith("libgomp"):
         return WAIT
-    if name.startswith(cpu_attention.BUILD_PREFIX):
-        return ATTENTION
+    if name.startswith(cpu_kernels.BUILD_PREFIX):  # the package's kernels: attention's, or the dropout mask's
+        return NATIVE if "dropout" in symbol else ATTENTION
     if name.endswith(".main.so") or "torchinductor" in dso:
         return COMPILED
     if name.startswith("libtorch_cpu") and _NATIVE_KERNEL.search(symbol):

@@ -46,7 +46,7 @@ from sb3_amago.distributed import DataParallel, SingleProcess
 from sb3_amago.exploration import Exploration, epsilon_schedule
 from sb3_amago.interrupt import sigterm_raises_interrupt
 from sb3_amago.loss import LOSS_DEFAULTS, LossConfig, update_forward
-from sb3_amago.nets import TransformerTrajEncoder, cpu_attention
+from sb3_amago.nets import TransformerTrajEncoder, cpu_kernels
 from sb3_amago.overlap import OverlappedRound, frozen_statistics
 from sb3_amago.policies import AmagoState, TransformerPolicy
 from sb3_amago.precision import warn_if_bf16_is_emulated
@@ -351,7 +351,7 @@ class AMAGO(OffPolicyAlgorithm):
             **self.policy_kwargs,
         ).to(self.device)
         if self.device.type == "cpu" and isinstance(self.policy.traj_encoder, TransformerTrajEncoder):
-            cpu_attention.load()  # before anything is compiled: a compiled update traces the kernel it finds
+            cpu_kernels.load()  # before anything is compiled: a compiled update traces the kernels it finds
         # The update's forward, compiled or not, as one function: the sequence model, the TD target,
         # PopArt's move and the loss (one graph: each boundary between compiled functions cost about
         # 1% of a compiled update at L = 64 on a 2-core AMD EPYC). Random draws (the target's

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import attention_threshold
 import bench_updates
 
-from sb3_amago.nets import cpu_attention, transformer
+from sb3_amago.nets import cpu_kernels, transformer
 
 
 class _AttentionOps(th.utils._python_dispatch.TorchDispatchMode):
@@ -31,16 +31,16 @@ class _AttentionOps(th.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.parametrize("side", list(attention_threshold.BACKENDS))
 def test_each_side_runs_its_own_backend(side: str) -> None:
-    cpu_attention.load()  # where it builds, the package's kernel is what the block must set aside
+    cpu_kernels.load()  # where they build, the package's kernels are what the block must set aside
     q, k, v = (th.randn(2, 2, 9, 16) for _ in range(3))
-    package_value, package_choice = transformer.CPU_MATH_ATTENTION_MAX_STEPS, cpu_attention.CHOICE
+    package_value, package_choice = transformer.CPU_MATH_ATTENTION_MAX_STEPS, cpu_kernels.CHOICE
     with attention_threshold.torch_backend(side), _AttentionOps() as ops:
         transformer.causal_attention(q, k, v)
     ran_flash = any("flash" in name for name in ops.names)
     assert ran_flash == (side == "flash"), ops.names
     assert not any("sb3_amago" in name for name in ops.names)  # the package's own kernel set aside
     # restored after the block
-    assert transformer.CPU_MATH_ATTENTION_MAX_STEPS == package_value and cpu_attention.CHOICE == package_choice
+    assert transformer.CPU_MATH_ATTENTION_MAX_STEPS == package_value and cpu_kernels.CHOICE == package_choice
 
 
 def test_the_sides_alternate_each_under_its_own_setting(monkeypatch: pytest.MonkeyPatch) -> None:

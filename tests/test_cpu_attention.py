@@ -3,10 +3,6 @@ values and gradients, compiled as eager, used by the Transformer's training pass
 and the setting and fallbacks around its build."""
 
 import functools
-import os
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import pytest
@@ -14,17 +10,17 @@ import torch as th
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sb3_amago.nets import cpu_attention, make_traj_encoder
+from sb3_amago.nets import cpu_attention, cpu_kernels, make_traj_encoder
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.transformer import causal_attention
 
-BUILDS_HERE = th.backends.cpu.get_cpu_capability() in cpu_attention.ISA_FLAGS and cpu_attention.CHOICE != "torch"
+BUILDS_HERE = th.backends.cpu.get_cpu_capability() in cpu_kernels.ISA_FLAGS and cpu_kernels.CHOICE != "torch"
 needs_kernel = pytest.mark.skipif(not BUILDS_HERE, reason="the kernel is built for x86 CPUs with AVX2 or AVX-512 only")
 
 
 @pytest.fixture(scope="module")
 def kernel() -> None:
-    assert cpu_attention.load()
+    assert cpu_kernels.load()
 
 
 def reference(q: th.Tensor, k: th.Tensor, v: th.Tensor, grad: th.Tensor) -> list[th.Tensor]:
@@ -165,93 +161,9 @@ def test_the_transformers_training_pass_runs_the_kernel_forward_and_backward(ker
 
 
 def test_set_aside_the_training_pass_takes_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_attention, "CHOICE", "torch")
+    monkeypatch.setattr(cpu_kernels, "CHOICE", "torch")
     q, k, v = (th.randn(1, 2, 7, 16) for _ in range(3))
     with _Ops() as ops:
         out = causal_attention(q, k, v)
     assert not any("sb3_amago" in name for name in ops.names)
     th.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-
-
-def _fresh_state(monkeypatch: pytest.MonkeyPatch, choice: str) -> None:
-    """The module as in a process that has not tried to build the kernel yet, under ``choice``."""
-    monkeypatch.setattr(cpu_attention, "CHOICE", choice)
-    monkeypatch.setattr(cpu_attention, "_kernels", None)
-    monkeypatch.setattr(cpu_attention, "_tried", False)
-
-
-def test_cpus_without_avx2_keep_torchs_kernels_and_native_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(th.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
-    _fresh_state(monkeypatch, "auto")
-    assert not cpu_attention.load() and not cpu_attention.loaded()
-    _fresh_state(monkeypatch, "native")
-    with pytest.raises(RuntimeError, match="AVX2 or AVX-512 only.*SB3_AMAGO_CPU_ATTENTION=auto or torch"):
-        cpu_attention.load()
-
-
-def test_a_failed_build_warns_under_auto_and_raises_under_native(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.utils import cpp_extension
-
-    def no_compiler(**kwargs: Any) -> None:
-        raise RuntimeError("no C++ compiler found")
-
-    monkeypatch.setattr(th.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    _fresh_state(monkeypatch, "auto")
-    with pytest.warns(UserWarning, match="could not be built \\(no C\\+\\+ compiler found\\).*pip install ninja"):
-        assert not cpu_attention.load()
-    assert not cpu_attention.load()  # tried once per process: no second warning
-    _fresh_state(monkeypatch, "native")
-    with pytest.raises(RuntimeError, match="could not be built.*SB3_AMAGO_CPU_ATTENTION=torch"):
-        cpu_attention.load()
-
-
-def test_pips_ninja_is_put_on_path_where_path_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    ninja = pytest.importorskip("ninja")
-    monkeypatch.setattr(cpu_attention.shutil, "which", lambda name: None)
-    monkeypatch.setenv("PATH", "/nowhere")
-    cpu_attention._put_ninja_on_path()
-    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
-
-
-def _run(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env}, capture_output=True, text=True, check=False
-    )
-
-
-def test_the_setting_is_read_at_import_and_checked() -> None:
-    result = _run(
-        "from sb3_amago.nets import cpu_attention; print(cpu_attention.load(), cpu_attention.loaded())",
-        SB3_AMAGO_CPU_ATTENTION="torch",
-    )
-    assert result.returncode == 0 and result.stdout.split() == ["False", "False"], result.stderr
-    result = _run("import sb3_amago.nets.cpu_attention", SB3_AMAGO_CPU_ATTENTION="fast")
-    assert (
-        result.returncode != 0 and "SB3_AMAGO_CPU_ATTENTION='fast' is not one of ('auto', 'native', 'torch')" in result.stderr
-    )
-
-
-def test_builds_are_named_per_instruction_set_and_torch_version() -> None:
-    names = {cpu_attention.build_name(capability) for capability in ("AVX512", "AVX2")}
-    assert len(names) == 2 and all(th.__version__.replace(".", "_").replace("+", "_") in name for name in names)
-    assert all(name.isidentifier() for name in names)  # a Python module's name
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(th.backends.cpu.get_cpu_capability() != "AVX512", reason="needs an AVX-512 CPU to try its AVX2 build too")
-def test_the_avx2_build_computes_the_same_attention() -> None:
-    # torch runs its AVX2 kernels under ATEN_CPU_CAPABILITY=avx2, and the package builds to match.
-    code = """
-        import torch as th
-        from torch.nn import functional as F
-        from sb3_amago.nets import cpu_attention
-        assert th.backends.cpu.get_cpu_capability() == "AVX2" and cpu_attention.load()
-        gen = th.Generator().manual_seed(0)
-        q, k, v = (th.randn(2, 3, 45, 12, generator=gen, dtype=th.float64) for _ in range(3))
-        got = cpu_attention.causal_attention(q.float(), k.float(), v.float()).double()
-        th.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5, rtol=1e-4)
-        print("ok")
-    """
-    result = _run(code, ATEN_CPU_CAPABILITY="avx2")
-    assert result.stdout.strip().endswith("ok"), result.stderr[-2000:]

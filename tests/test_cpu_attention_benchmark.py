@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import cpu_attention as benchmark
 
-from sb3_amago.nets import cpu_attention
+from sb3_amago.nets import cpu_kernels
 
 
 def test_the_update_sides_alternate_each_under_its_own_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,10 +20,10 @@ def test_the_update_sides_alternate_each_under_its_own_setting(monkeypatch: pyte
             self.name = name
 
         def train(self, gradient_steps: int, batch_size: int) -> None:
-            seen.append((self.name, cpu_attention.CHOICE))
+            seen.append((self.name, cpu_kernels.CHOICE))
 
     def fake_trained_model(length: int, compile_model: bool = False) -> FakeModel:
-        return FakeModel("torch" if cpu_attention.CHOICE == "torch" else "package")  # the setting it is traced with
+        return FakeModel("torch" if cpu_kernels.CHOICE == "torch" else "package")  # the setting it is traced with
 
     monkeypatch.setattr(benchmark, "trained_model", fake_trained_model)
     figure = benchmark.update_figure(64, rounds=3, updates=2)
@@ -32,7 +32,7 @@ def test_the_update_sides_alternate_each_under_its_own_setting(monkeypatch: pyte
     assert len(figure["ratios"]) == 3 and figure["rounds_package_faster"].endswith("/3")
 
 
-@pytest.mark.skipif(not cpu_attention.load(), reason="the package's CPU attention kernel is not built on this CPU")
+@pytest.mark.skipif(not cpu_kernels.load(), reason="the package's CPU kernels are not built on this CPU")
 def test_kernel_figures_time_the_package_beside_torchs_kernels() -> None:
     figure = benchmark.kernel_figures([8], repeats=1)["attention_L8"]
     assert figure["steps"] == 9 and figure["value"] > 0

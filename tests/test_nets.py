@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.keys import OBS_KEY
-from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, cpu_attention, make_traj_encoder
+from sb3_amago.nets import SigmaReparamLinear, TrajEncoder, TransformerTrajEncoder, cpu_kernels, make_traj_encoder
 from sb3_amago.nets.heads import ActionInputCritics, gamma_features
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.timestep import RunningNorm, TimestepEncoder, observation_preprocessor
@@ -307,8 +307,8 @@ def test_training_attention_runs_in_fp32_under_cpu_bf16_autocast(
     # keeps attention in fp32, on the package's kernel where it is built, else on torch's math backend
     # (short windows) or flash kernel, and the rest of the block in bf16.
     if kernels == "torch":
-        monkeypatch.setattr(cpu_attention, "CHOICE", "torch")
-    elif not cpu_attention.load():
+        monkeypatch.setattr(cpu_kernels, "CHOICE", "torch")
+    elif not cpu_kernels.load():
         pytest.skip("the package's CPU attention kernel is not built on this CPU")
     encoder = make_encoder("transformer", max_seq_len=length).train()
     x, time_idx = th.randn(2, length, D_IN), th.arange(length).repeat(2, 1)
@@ -564,13 +564,28 @@ def test_fast_dropout_draws_are_splitmix64() -> None:
     assert [value % 2**64 for value in outputs.tolist()] == expected
 
 
-@pytest.mark.parametrize("shape", [(3, 7, 11), (8, 65, 128), (2, 6), (5,)])
-def test_fast_dropout_mask_follows_each_field_of_its_draws(shape: tuple[int, ...]) -> None:
-    """Element ``i`` is kept exactly when 16-bit field ``i % 4`` of draw ``i // 4`` is at or above the
-    threshold, computed here from the key with Python integers; the per-element form that
-    ``torch.compile`` fuses gives the same mask."""
-    from sb3_amago.nets.dropout import draw_key, keep_mask, traced_keep_mask
+def _mask_kernels(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Masks from the package's C++ kernel (``native``; skipped where it is not built) or from torch's
+    operators (``torch``)."""
+    if kernels == "torch":
+        monkeypatch.setattr(cpu_kernels, "CHOICE", "torch")
+    elif not cpu_kernels.load():
+        pytest.skip("the package's CPU kernels are not built on this CPU")
 
+
+@pytest.mark.parametrize("kernels", ["native", "torch"])
+@pytest.mark.parametrize("shape", [(3, 7, 11), (8, 65, 128), (3, 70001), (2, 6), (5,)])
+def test_fast_dropout_mask_follows_each_field_of_its_draws(
+    shape: tuple[int, ...], kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Element ``i`` is kept exactly when 16-bit field ``i % 4`` of draw ``i // 4`` is at or above the
+    threshold, computed here from the key with Python integers, whichever kernel draws the mask
+    (the C++ one in vectors of 8 draws, in parallel stretches, and a draw at a time for the rest:
+    the shapes cover each); the per-element form that ``torch.compile`` fuses gives the same mask."""
+    from sb3_amago.nets.dropout import draw_key, keep_mask, traced_keep_mask, uses_native_mask
+
+    _mask_kernels(kernels, monkeypatch)
+    assert uses_native_mask(th.float32, th.device("cpu")) == (kernels == "native")
     p = 0.05
     steps = round(p * 2**15)
     n = math.prod(shape)
@@ -594,12 +609,25 @@ def test_fast_dropout_mask_follows_each_field_of_its_draws(shape: tuple[int, ...
     np.testing.assert_array_equal(mask.numpy() > 0, kept)
 
 
-def test_fast_dropout_compiles_without_a_graph_break() -> None:
+@pytest.mark.parametrize("kernels", ["native", "torch"])
+def test_fast_dropout_compiles_without_a_graph_break(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torch.compile the layer drops the eager layer's elements (the key from one opaque
-    operator, the hash traced into the graph, no graph break), two layers in one graph draw two
-    keys, and the backward multiplies by the forward's mask, not a second draw."""
+    operator, then the C++ kernel's mask as another, or the hash traced into the graph; no graph
+    break), two layers in one graph draw two keys, and the backward multiplies by the forward's
+    mask, not a second draw."""
     from sb3_amago.nets.dropout import FastDropout
 
+    _mask_kernels(kernels, monkeypatch)
+    masks_drawn = []
+    if kernels == "native":
+        built = cpu_kernels.kernels()
+
+        class CountingKernels:
+            def __getattr__(self, name: str) -> Any:
+                masks_drawn.append(name)
+                return getattr(built, name)
+
+        monkeypatch.setattr(cpu_kernels, "_kernels", CountingKernels())
     layer = FastDropout(0.3)
     explanation = th._dynamo.explain(layer)(th.ones(64, 64))
     assert explanation.graph_break_count == 0
@@ -617,6 +645,7 @@ def test_fast_dropout_compiles_without_a_graph_break() -> None:
         th.testing.assert_close(x.grad, y, atol=0, rtol=0)
     first, second = th.compile(lambda x: (layer(x), layer(x)))(th.ones(64, 64))
     assert not th.equal(first, second)
+    assert ("dropout_keep_mask" in masks_drawn) == (kernels == "native")
 
 
 def test_observation_preprocessors_give_sb3s_values() -> None:

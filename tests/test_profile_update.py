@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import profile_update as pu
 
-from sb3_amago.nets import cpu_attention
+from sb3_amago.nets import cpu_kernels
 
 TORCH = "/site-packages/torch/lib"
 # Lines as `perf script -F tid,ip,sym,dso -G` prints them: main thread 100, an OpenMP worker 101.
@@ -41,8 +41,9 @@ def test_classify_names_the_code_a_sample_was_in() -> None:
     assert pu.classify("c10::impl::OperatorEntry::lookup", TORCH + "/libtorch_cpu.so") == pu.HOST
     assert pu.classify("_int_malloc", "/usr/lib/x86_64-linux-gnu/libc.so.6") == pu.HOST
     assert pu.classify("[unknown]", TORCH + "/libgomp.so.1") == pu.WAIT
-    kernel = "/root/.cache/torch_extensions/py311_cpu/x/" + cpu_attention.build_name("AVX512") + "_v1.so"
+    kernel = "/root/.cache/torch_extensions/py311_cpu/x/" + cpu_kernels.build_name("AVX512") + "_v1.so"
     assert pu.classify("(anonymous namespace)::tile<8, 2, false>", kernel) == pu.ATTENTION
+    assert pu.classify("dropout::fill_avx512(float*, unsigned long, long, long, unsigned int, float)", kernel) == pu.NATIVE
 
 
 def test_shares_split_the_main_thread_from_the_workers() -> None:

@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sb3_amago.nets import cpu_attention
+from sb3_amago.nets import cpu_attention, cpu_kernels
 from sb3_amago.nets.activations import leaky_relu
 from sb3_amago.nets.base import TrajEncoder
 from sb3_amago.nets.cpu_matmul import Linear
@@ -56,7 +56,7 @@ def attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, **kwargs) -> th.Tensor:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-#: Where the package's CPU kernel is not built (:mod:`sb3_amago.nets.cpu_attention`), sequences of at
+#: Where the package's CPU kernels are not built (:mod:`sb3_amago.nets.cpu_kernels`), sequences of at
 #: most this many steps take torch's math attention (batched products and a softmax) in the training
 #: pass on a CPU, longer ones its flash kernel. At head width 16 the flash kernel's
 #: per-block products cost more than the whole (L, L) scores at short windows: with the math backend a
@@ -67,12 +67,12 @@ CPU_MATH_ATTENTION_MAX_STEPS = 129
 
 def uses_cpu_kernel(q: th.Tensor) -> bool:
     """Whether attention over ``q`` runs on the package's kernel: fp32 on a CPU where it is built
-    (:mod:`sb3_amago.nets.cpu_attention`; eager calls build it)."""
+    (:mod:`sb3_amago.nets.cpu_kernels`; eager calls build it)."""
     if q.device.type != "cpu" or q.dtype != th.float32:
         return False
     if not th.compiler.is_compiling():
-        cpu_attention.load()  # once per process; AMAGO loads it before compiling
-    return cpu_attention.loaded()
+        cpu_kernels.load()  # once per process; AMAGO loads it before compiling
+    return cpu_kernels.loaded()
 
 
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:

@@ -32,10 +32,12 @@ uint64_t draw(uint64_t key, int64_t d) {
   return z ^ (z >> 31);
 }
 
-// Elements first..last (exclusive) of the mask, each computing its draw.
+// Elements first..last (exclusive) of the mask, a draw at a time.
 void fill_scalar(float* out, uint64_t key, int64_t first, int64_t last, uint32_t threshold, float kept) {
+  uint64_t z = 0;
   for (int64_t i = first; i < last; ++i) {
-    const uint32_t field = static_cast<uint32_t>(draw(key, i / FIELDS_PER_DRAW) >> (16 * (i % FIELDS_PER_DRAW))) & 0xFFFFu;
+    if (i == first || i % FIELDS_PER_DRAW == 0) z = draw(key, i / FIELDS_PER_DRAW);
+    const uint32_t field = static_cast<uint32_t>(z >> (16 * (i % FIELDS_PER_DRAW))) & 0xFFFFu;
     out[i] = (field ^ 0x8000u) >= threshold ? kept : 0.f;
   }
 }

@@ -10,7 +10,7 @@ few operators over the draws; under ``torch.compile`` it is traced into the grap
 fuses it into the kernels that apply the mask (forward and backward), so no mask is drawn or stored
 at all. Where the package's CPU kernels are loaded (:mod:`sb3_amago.nets.cpu_kernels`), fp32 masks
 come from one C++ pass instead (``cpu_dropout.cpp``), eager and compiled: the reference update ran
-7% faster eager at L = 64, and compiled 1.7% faster at L = 256 (and 0.6% at 64), where the traced
+7-9% faster eager at L = 64, and compiled 1.7% faster at L = 256 (and 0.6% at 64), where the traced
 hash was computed again in every kernel that read the mask. All compute the same integers, so every
 path drops the same elements for a key.
 

@@ -57,19 +57,38 @@ def test_values_and_gradients_are_causal_softmax_attention(kernel: None, shape: 
 
 @needs_kernel
 def test_strided_inputs_give_the_contiguous_inputs_values(kernel: None) -> None:
-    # The Transformer passes views of one projection, (B, L, H, Dh) permuted.
+    # A projection at other strides (here its batch and time axes swapped in memory), and an output
+    # gradient at other strides than the output's, give the values of contiguous ones; the output is
+    # laid out (B, L, H, Dh), so merging its heads is a view, and the projection's gradient is whole.
     gen = th.Generator().manual_seed(1)
-    qkv = th.randn(3, 2, 21, 4, 16, generator=gen).permute(0, 1, 3, 2, 4)  # (3, B, H, L, Dh), strided
+    qkv = th.randn(21, 2, 3, 4, 16, generator=gen).transpose(0, 1)  # (B, L, 3, H, Dh), strided
     grad = th.randn(2, 4, 21, 16, generator=gen)
-    strided = kernel_run(*qkv.unbind(0), grad)
-    contiguous = kernel_run(*(x.contiguous() for x in qkv.unbind(0)), grad)
+    strided = projection_run(qkv, grad)
+    contiguous = projection_run(qkv.contiguous(), grad.transpose(1, 2).contiguous().transpose(1, 2))
     assert all(th.equal(a, b) for a, b in zip(strided, contiguous))
+    none = qkv.new_empty(0)
+    out, lse = cpu_attention.causal_attention_with_lse(qkv, none, none)
+    assert out.transpose(1, 2).is_contiguous()
+    grad_qkv = cpu_attention.causal_attention_backward(grad, qkv, none, none, out, lse)
+    assert grad_qkv.is_contiguous() and th.equal(grad_qkv, strided[1])
+
+
+def projection_run(qkv: th.Tensor, grad: th.Tensor, fn: Any = cpu_attention.projection_attention) -> list[th.Tensor]:
+    """The kernel's output over the projection ``qkv`` ``(B, L, 3, H, Dh)`` and the projection's gradient."""
+    x = qkv.detach().requires_grad_()
+    out = fn(x)
+    out.backward(grad)
+    return [out.detach(), x.grad]
 
 
 def _projection(batch: int, length: int, heads: int, width: int, seed: int) -> th.Tensor:
-    """Queries, keys and values ``(3, B, H, L, Dh)`` as the Transformer's views of one projection."""
+    """A projection of queries, keys and values ``(B, L, 3, H, Dh)``, as the Transformer's."""
     gen = th.Generator().manual_seed(seed)
-    return th.randn(batch, length, 3, heads, width, generator=gen).permute(2, 0, 3, 1, 4)
+    return th.randn(batch, length, 3, heads, width, generator=gen)
+
+
+def _heads(qkv: th.Tensor) -> th.Tensor:
+    return qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, L, Dh)
 
 
 @needs_kernel
@@ -82,38 +101,34 @@ def test_rotary_tables_turn_queries_and_keys_inside_the_kernel(kernel: None, sha
     rotary = rotary_tables(th.randint(0, 1000, (batch, length), generator=th.Generator().manual_seed(1)), width)
     grad = th.randn(batch, heads, length, width, generator=th.Generator().manual_seed(2))
 
-    def outputs_and_grads(attend: Any, x: th.Tensor) -> list[th.Tensor]:
-        x = x.detach().requires_grad_()
-        out = attend(x)
-        out.backward(grad.to(x.dtype))
-        return [out.detach(), x.grad]
-
     def inside(x: th.Tensor) -> th.Tensor:
-        return cpu_attention.causal_attention(*x.unbind(0), rotary)
+        return cpu_attention.projection_attention(x, rotary)
 
     def rotated_first(x: th.Tensor) -> th.Tensor:
-        q, k = apply_rotary(x[:2], rotary).unbind(0)
-        return cpu_attention.causal_attention(q, k, x[2])
+        q, k = apply_rotary(_heads(x)[:2], rotary).unbind(0)
+        return cpu_attention.causal_attention(q, k, _heads(x)[2])
 
     def float64(x: th.Tensor) -> th.Tensor:
-        q, k = apply_rotary(x[:2], tuple(t.double() for t in rotary)).unbind(0)
-        return F.scaled_dot_product_attention(q, k, x[2], is_causal=True)
+        q, k = apply_rotary(_heads(x)[:2], tuple(t.double() for t in rotary)).unbind(0)
+        return F.scaled_dot_product_attention(q, k, _heads(x)[2], is_causal=True)
 
-    got = outputs_and_grads(inside, qkv)
-    assert all(th.equal(a, b) for a, b in zip(got, outputs_and_grads(rotated_first, qkv)))
-    for a, b in zip(got, outputs_and_grads(float64, qkv.double())):
+    got = projection_run(qkv, grad, inside)
+    assert all(th.equal(a, b) for a, b in zip(got, projection_run(qkv, grad, rotated_first)))
+    for a, b in zip(got, projection_run(qkv.double(), grad.double(), float64)):
         th.testing.assert_close(a.double(), b, atol=2e-5, rtol=1e-4)
 
 
 @needs_kernel
 def test_rotary_tables_are_checked(kernel: None) -> None:
-    q, k, v = _projection(1, 4, 2, 16, seed=0).unbind(0)
+    qkv = _projection(1, 4, 2, 16, seed=0)
     cos, sin = rotary_tables(th.arange(4).unsqueeze(0), 16)
     with pytest.raises(RuntimeError, match="give both rotary tables"):
-        cpu_attention.causal_attention_with_lse(q, k, v, cos, sin[:0])
-    odd = _projection(1, 4, 2, 5, seed=0).unbind(0)
+        cpu_attention.causal_attention_with_lse(qkv, cos, sin[:0])
+    odd = _projection(1, 4, 2, 5, seed=0)
     with pytest.raises(RuntimeError, match="even head width"):
-        cpu_attention.causal_attention(*odd, (th.ones(1, 1, 4, 5), th.zeros(1, 1, 4, 5)))
+        cpu_attention.projection_attention(odd, (th.ones(1, 1, 4, 5), th.zeros(1, 1, 4, 5)))
+    with pytest.raises(RuntimeError, match=r"\(B, L, 3, H, D\) projection"):
+        cpu_attention.causal_attention_with_lse(qkv[:, :, :2], cos, sin)
 
 
 @needs_kernel
@@ -121,15 +136,20 @@ def test_rotary_tables_are_checked(kernel: None) -> None:
 def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None, cpp_wrapper: bool) -> None:
     # With and without rotary tables; AMAGO compiles CPU updates with inductor's C++ wrapper, which
     # calls the operator through the dispatcher with every argument of its schema.
-    compiled = th.compile(cpu_attention.causal_attention, dynamic=True, fullgraph=True, options={"cpp_wrapper": cpp_wrapper})
+    # The compiled graph's buffers follow the fake operators' layouts, which must be the kernel's.
+    options = {"cpp_wrapper": cpp_wrapper}
+    compiled = th.compile(cpu_attention.projection_attention, dynamic=True, fullgraph=True, options=options)
+    apart = th.compile(cpu_attention.causal_attention, dynamic=True, fullgraph=True, options=options)
     for length in (9, 40):  # one graph for both (dynamic shapes)
         gen = th.Generator().manual_seed(length)
-        q, k, v, grad = (th.randn(2, 2, length, 16, generator=gen) for _ in range(4))
-        eager, traced = kernel_run(q, k, v, grad), kernel_run(q, k, v, grad, fn=compiled)
+        qkv, grad = th.randn(2, length, 3, 2, 16, generator=gen), th.randn(2, 2, length, 16, generator=gen)
+        eager, traced = projection_run(qkv, grad), projection_run(qkv, grad, compiled)
         assert all(th.equal(a, b) for a, b in zip(eager, traced))
+        q, k, v = _heads(qkv).unbind(0)
+        assert all(th.equal(a, b) for a, b in zip(kernel_run(q, k, v, grad), kernel_run(q, k, v, grad, fn=apart)))
         rotary = rotary_tables(th.arange(length).repeat(2, 1), 16)
-        eager = kernel_run(q, k, v, grad, fn=functools.partial(cpu_attention.causal_attention, rotary=rotary))
-        traced = kernel_run(q, k, v, grad, fn=functools.partial(compiled, rotary=rotary))
+        eager = projection_run(qkv, grad, functools.partial(cpu_attention.projection_attention, rotary=rotary))
+        traced = projection_run(qkv, grad, functools.partial(compiled, rotary=rotary))
         assert all(th.equal(a, b) for a, b in zip(eager, traced))
 
 
@@ -157,7 +177,7 @@ def test_the_transformers_training_pass_runs_the_kernel_forward_and_backward(ker
     assert ops.names.count("sb3_amago.causal_attention_backward.default") == 2
     assert not [name for name in ops.names if "scaled_dot_product" in name or name == "aten.bmm.default"]
     # The rotary tables (non-empty) go into the kernel, which turns queries and keys itself.
-    assert all(args[3].numel() > 0 for name, args in ops.calls if name == "sb3_amago.causal_attention.default")
+    assert all(args[1].numel() > 0 for name, args in ops.calls if name == "sb3_amago.causal_attention.default")
 
 
 def test_set_aside_the_training_pass_takes_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:

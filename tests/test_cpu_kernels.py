@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,10 +74,16 @@ def test_the_setting_is_read_at_import_and_checked() -> None:
     assert result.returncode != 0 and "SB3_AMAGO_CPU_ATTENTION is now SB3_AMAGO_CPU_KERNELS" in result.stderr
 
 
-def test_builds_are_named_per_instruction_set_and_torch_version() -> None:
+def test_builds_are_named_per_instruction_set_torch_version_and_sources(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     names = {cpu_kernels.build_name(capability) for capability in ("AVX512", "AVX2")}
     assert len(names) == 2 and all(th.__version__.replace(".", "_").replace("+", "_") in name for name in names)
     assert all(name.isidentifier() for name in names)  # a Python module's name
+    edited = tmp_path / "cpu_dropout.cpp"
+    edited.write_text(cpu_kernels.SOURCES[1].read_text() + "// an edit\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCES", [cpu_kernels.SOURCES[0], edited, cpu_kernels.SOURCES[2]])
+    assert cpu_kernels.build_name("AVX512") not in names  # another version of the sources, another build
 
 
 @pytest.mark.slow

@@ -1,7 +1,10 @@
 // Causal softmax attention on the CPU in fp32, forward and backward (sb3_amago/nets/cpu_attention.py).
 //
-// Inputs are (..., L, D) float tensors of any strides along the leading and row axes (the Transformer
-// passes views of one projection); every leading index (batch x head) is one task of at::parallel_for.
+// The input is the projection (B, L, 3, H, D) of queries, keys and values, at any strides with D
+// contiguous; every (batch, head) pair is one task of at::parallel_for, reading its rows where they lie.
+// The output is written in (B, L, H, D) order (the layout the output projection reads, so no transpose
+// follows), and the backward reads the output's gradient at its strides and returns the projection's
+// gradient whole, (B, L, 3, H, D) contiguous: no stack of three gradients follows either.
 // Rotary tables (cosines and signed sines, broadcastable to the queries' shape; empty: none) turn the
 // queries and keys as they are read, and the backward turns their gradients back, so the rotation
 // costs no pass of its own. Within a task the queries go in blocks of BQ rows: a block's scores
@@ -110,16 +113,17 @@ void product(const Product& m, int64_t rows, int64_t K, int64_t cols) {
   }
 }
 
-// One task's rows of a (..., L, D) tensor: row j starts at data + j * row_stride, its elements contiguous.
+// One task's rows of a (..., L, D) tensor: row j starts at data + j * row_stride, its elements contiguous
+// (inputs are read through it, outputs written).
 struct Rows {
-  const float* data;
+  float* data;
   int64_t row_stride;
-  const float* row(int64_t j) const { return data + j * row_stride; }
+  float* row(int64_t j) const { return data + j * row_stride; }
 };
 
 // Where each task's rows start in a (..., L, D) tensor with a contiguous last axis, and their stride.
 struct TaskRows {
-  const float* data;
+  float* data;
   int64_t row_stride;
   std::vector<int64_t> offsets;
   TaskRows(const at::Tensor& x, int64_t tasks) : data(x.data_ptr<float>()), row_stride(x.stride(-2)), offsets(tasks) {
@@ -204,6 +208,15 @@ void check(const at::Tensor& x, const at::Tensor& like, const char* name) {
 // x itself where its last axis is contiguous (strides elsewhere are read as they are), else a contiguous copy.
 at::Tensor rows_contiguous(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 
+// Queries, keys and values (B, H, L, D): views of the projection (B, L, 3, H, D), checked, rows made
+// contiguous where they are not.
+std::vector<at::Tensor> split_projection(const at::Tensor& qkv) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.scalar_type() == at::kFloat, "qkv must be a float32 CPU tensor");
+  TORCH_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, "qkv must be a (B, L, 3, H, D) projection, got ", qkv.sizes());
+  const auto x = rows_contiguous(qkv);
+  return {x.select(2, 0).transpose(1, 2), x.select(2, 1).transpose(1, 2), x.select(2, 2).transpose(1, 2)};
+}
+
 // The rotary tables broadcast to the queries' shape, checked; undefined tensors where both are empty
 // (no rotation).
 std::pair<at::Tensor, at::Tensor> tables(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q) {
@@ -258,29 +271,26 @@ void mask_future(float* row, int64_t seen, int64_t width) {
 
 }  // namespace
 
-// (out, logsumexp): out (..., L, D) contiguous, logsumexp (..., L) of each query's scaled scores; the
-// queries and keys turned by the rotary tables cos and sin unless both are empty.
-std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_,
-                                                 const at::Tensor& cos_, const at::Tensor& sin_) {
-  check(q_, q_, "q");
-  check(k_, q_, "k");
-  check(v_, q_, "v");
-  const auto q = rows_contiguous(q_), k = rows_contiguous(k_), v = rows_contiguous(v_);
+// (out, logsumexp) of the projection qkv (B, L, 3, H, D): out (B, H, L, D) laid out as (B, L, H, D),
+// logsumexp (B, H, L) of each query's scaled scores; the queries and keys turned by the rotary tables
+// cos and sin unless both are empty.
+std::vector<at::Tensor> causal_attention_forward(const at::Tensor& qkv, const at::Tensor& cos_, const at::Tensor& sin_) {
+  const auto views = split_projection(qkv);
+  const auto &q = views[0], &k = views[1], &v = views[2];
   const auto [cos, sin] = tables(cos_, sin_, q);
   const int64_t L = q.size(-2), D = q.size(-1), tasks = L * D == 0 ? 0 : q.numel() / (L * D);
-  auto out = at::empty(q.sizes(), q.options());
+  auto out = at::empty({q.size(0), L, q.size(1), D}, q.options()).transpose(1, 2);
   auto lse = at::empty(q.sizes().slice(0, q.dim() - 1), q.options());
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const TaskRows Q(q, tasks), K(k, tasks), V(v, tasks);
+  const TaskRows Q(q, tasks), K(k, tasks), V(v, tasks), OUT(out, tasks);
   const Tables rot(cos, sin, tasks);
-  float *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
+  float* LSE = lse.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Buffers buf(L, D, scale, false);
     const int64_t ld = buf.ld;
     float *P = buf.p.data(), *Qr = buf.qr.data();
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t base = t * L * D;
-      const Rows vt = V.task(t);
+      const Rows vt = V.task(t), ot = OUT.task(t);
       const Rotation turn = rot.task(t);
       gather_rows(Q.task(t), turn, Qr, L, D);
       gather_rows(K.task(t), turn, buf.kr.data(), L, D);
@@ -307,42 +317,44 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& q_, const at:
           inv_sum[r] = 1.f / sum;
         }
         // probabilities by values
-        product<false>({P, ld, 1, vt.data, vt.row_stride, O + base + r0 * D, D, inv_sum}, rows, n, D);
+        product<false>({P, ld, 1, vt.data, vt.row_stride, ot.row(r0), ot.row_stride, inv_sum}, rows, n, D);
       }
     }
   });
   return {out, lse};
 }
 
-// (dq, dk, dv), contiguous, from the output's gradient and the forward's inputs, tables, output and
-// logsumexp: the gradients of the inputs as given (before their rotation).
-std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const at::Tensor& q_, const at::Tensor& k_,
-                                                  const at::Tensor& v_, const at::Tensor& cos_, const at::Tensor& sin_,
-                                                  const at::Tensor& out_, const at::Tensor& lse_) {
-  check(q_, q_, "q");
-  check(k_, q_, "k");
-  check(v_, q_, "v");
-  check(out_, q_, "out");
-  check(grad_, q_, "grad");
-  const auto q = rows_contiguous(q_), k = rows_contiguous(k_), v = rows_contiguous(v_);
-  const auto grad = grad_.contiguous(), out = out_.contiguous(), lse = lse_.contiguous();
+// The projection's gradient (B, L, 3, H, D), contiguous, from the output's gradient (B, H, L, D), the
+// forward's projection, tables, output and logsumexp: the gradient of the projection as given (before
+// the rotation of its queries and keys).
+at::Tensor causal_attention_backward(const at::Tensor& grad_, const at::Tensor& qkv, const at::Tensor& cos_,
+                                     const at::Tensor& sin_, const at::Tensor& out_, const at::Tensor& lse_) {
+  const auto views = split_projection(qkv);
+  const auto &q = views[0], &k = views[1], &v = views[2];
+  check(out_, q, "out");
+  check(grad_, q, "grad");
+  const auto grad = rows_contiguous(grad_), out = rows_contiguous(out_), lse = lse_.contiguous();
   const auto [cos, sin] = tables(cos_, sin_, q);
   const int64_t L = q.size(-2), D = q.size(-1), tasks = L * D == 0 ? 0 : q.numel() / (L * D);
   TORCH_CHECK(lse.numel() == tasks * L && lse.scalar_type() == at::kFloat, "lse must be float32 with one value per query");
-  auto dq = at::empty(q.sizes(), q.options());
-  auto dk = at::zeros(q.sizes(), q.options()), dv = at::zeros(q.sizes(), q.options());
+  auto dqkv = at::empty(qkv.sizes(), qkv.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto dq = dqkv.select(2, 0).transpose(1, 2), dk = dqkv.select(2, 1).transpose(1, 2), dv = dqkv.select(2, 2).transpose(1, 2);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const TaskRows Q(q, tasks), K(k, tasks), V(v, tasks);
+  const TaskRows Q(q, tasks), K(k, tasks), V(v, tasks), GRAD(grad, tasks), OUT(out, tasks);
+  const TaskRows DQ(dq, tasks), DK(dk, tasks), DV(dv, tasks);
   const Tables rot(cos, sin, tasks);
-  const float *G = grad.data_ptr<float>(), *O = out.data_ptr<float>(), *LSE = lse.data_ptr<float>();
-  float *DQ = dq.data_ptr<float>(), *DK = dk.data_ptr<float>(), *DV = dv.data_ptr<float>();
+  const float* LSE = lse.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     Buffers buf(L, D, scale, true);
     const int64_t ld = buf.ld;
     float *P = buf.p.data(), *DS = buf.ds.data(), *Qr = buf.qr.data(), *Kr = buf.kr.data();
     const float *scales = buf.scales.data(), *ones = buf.ones.data();
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t base = t * L * D;
+      const Rows gt = GRAD.task(t), ot = OUT.task(t), dqt = DQ.task(t), dkt = DK.task(t), dvt = DV.task(t);
+      for (int64_t j = 0; j < L; ++j) {  // the key and value gradients accumulate over the query blocks
+        std::fill(dkt.row(j), dkt.row(j) + D, 0.f);
+        std::fill(dvt.row(j), dvt.row(j) + D, 0.f);
+      }
       const Rotation turn = rot.task(t);
       gather_rows(Q.task(t), turn, Qr, L, D);
       gather_rows(K.task(t), turn, Kr, L, D);
@@ -350,15 +362,16 @@ std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const
       transpose(V.task(t), buf.vt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
-        const float *Qb = Qr + r0 * D, *Gb = G + base + r0 * D;
+        const float *Qb = Qr + r0 * D, *Gb = gt.row(r0);
+        const int64_t lg = gt.row_stride;
         product<false>({Qb, D, 1, buf.kt.data(), ld, P, ld, scales}, rows, D, width);  // scores
-        product<false>({Gb, D, 1, buf.vt.data(), ld, DS, ld, ones}, rows, D, width);   // grad of probabilities
+        product<false>({Gb, lg, 1, buf.vt.data(), ld, DS, ld, ones}, rows, D, width);  // grad of probabilities
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = r0 + r;
           float *pr = P + r * ld, *dsr = DS + r * ld;
           mask_future(pr, visible(r0, r), width);
           float dot = 0.f;  // sum_d grad[i, d] * out[i, d]
-          for (int64_t d = 0; d < D; ++d) dot += G[base + i * D + d] * O[base + i * D + d];
+          for (int64_t d = 0; d < D; ++d) dot += gt.row(i)[d] * ot.row(i)[d];
           const Vec lb(LSE[t * L + i]), db(dot);
           for (int64_t j = 0; j < width; j += VS) {
             const Vec prob = (Vec::loadu(pr + j) - lb).exp();
@@ -366,17 +379,17 @@ std::vector<at::Tensor> causal_attention_backward(const at::Tensor& grad_, const
             (prob * (Vec::loadu(dsr + j) - db)).store(dsr + j);  // grad of the scaled scores
           }
         }
-        product<false>({DS, ld, 1, Kr, D, DQ + base + r0 * D, D, scales}, rows, n, D);
-        product<true>({P, 1, ld, Gb, D, DV + base, D, ones}, n, rows, D);     // dv += p^T grad
-        product<true>({DS, 1, ld, Qb, D, DK + base, D, scales}, n, rows, D);  // dk += scale ds^T q
+        product<false>({DS, ld, 1, Kr, D, dqt.row(r0), dqt.row_stride, scales}, rows, n, D);
+        product<true>({P, 1, ld, Gb, lg, dvt.data, dvt.row_stride, ones}, n, rows, D);     // dv += p^T grad
+        product<true>({DS, 1, ld, Qb, D, dkt.data, dkt.row_stride, scales}, n, rows, D);  // dk += scale ds^T q
         if (turn.on())
           for (int64_t i = r0; i < n; ++i)
-            rotate_back(DQ + base + i * D, turn.cos.row(i), turn.sin.row(i), buf.scratch.data(), D);
+            rotate_back(dqt.row(i), turn.cos.row(i), turn.sin.row(i), buf.scratch.data(), D);
       }
       if (turn.on())
         for (int64_t j = 0; j < L; ++j)
-          rotate_back(DK + base + j * D, turn.cos.row(j), turn.sin.row(j), buf.scratch.data(), D);
+          rotate_back(dkt.row(j), turn.cos.row(j), turn.sin.row(j), buf.scratch.data(), D);
     }
   });
-  return {dq, dk, dv};
+  return dqkv;
 }

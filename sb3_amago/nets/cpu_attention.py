@@ -25,67 +25,74 @@ from sb3_amago.nets import cpu_kernels
 
 
 @th.library.custom_op("sb3_amago::causal_attention", mutates_args=())
-def causal_attention_with_lse(
-    q: th.Tensor, k: th.Tensor, v: th.Tensor, cos: th.Tensor, sin: th.Tensor
-) -> tuple[th.Tensor, th.Tensor]:
-    """Causal softmax attention of fp32 CPU tensors ``(..., L, Dh)`` each (any strides), scaled by
-    ``1 / sqrt(Dh)``, the queries and keys first turned by the rotary tables ``cos`` and ``sin``
-    (:func:`~sb3_amago.nets.rotary.rotary_tables`, broadcastable to the queries' shape; both empty:
-    no rotation): the output ``(..., L, Dh)`` and each query's log-sum-exp of its scaled scores
-    ``(..., L)``.
+def causal_attention_with_lse(qkv: th.Tensor, cos: th.Tensor, sin: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """Causal softmax attention of the projection ``qkv`` ``(B, L, 3, H, Dh)`` (fp32 on the CPU, any
+    strides with ``Dh`` contiguous) of queries, keys and values, scaled by ``1 / sqrt(Dh)``, the
+    queries and keys first turned by the rotary tables ``cos`` and ``sin``
+    (:func:`~sb3_amago.nets.rotary.rotary_tables`, broadcastable to ``(B, H, L, Dh)``; both empty: no
+    rotation): the output ``(B, H, L, Dh)``, laid out as ``(B, L, H, Dh)`` (so that merging its heads
+    is a view), and each query's log-sum-exp of its scaled scores ``(B, H, L)``.
 
     Empty tables rather than ``None``: compiled (torch 2.13), inductor's Python wrapper leaves a
     ``None`` argument out of the call, and its C++ wrapper passes the dispatcher fewer values than
     the schema has where a defaulted one is left out, which crashes the process."""
-    out, lse = cpu_kernels.kernels().attention_forward(q, k, v, cos, sin)
+    out, lse = cpu_kernels.kernels().attention_forward(qkv, cos, sin)
     return out, lse
 
 
 @causal_attention_with_lse.register_fake
-def _(q: th.Tensor, k: th.Tensor, v: th.Tensor, cos: th.Tensor, sin: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1])
+def _(qkv: th.Tensor, cos: th.Tensor, sin: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    batch, length, _, heads, width = qkv.shape
+    out = qkv.new_empty(batch, length, heads, width).transpose(1, 2)
+    return out, qkv.new_empty(batch, heads, length)
 
 
 @th.library.custom_op("sb3_amago::causal_attention_backward", mutates_args=())
 def causal_attention_backward(
-    grad: th.Tensor, q: th.Tensor, k: th.Tensor, v: th.Tensor, cos: th.Tensor, sin: th.Tensor, out: th.Tensor, lse: th.Tensor
-) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    """The gradients of :func:`causal_attention_with_lse`'s output with respect to ``q``, ``k`` and ``v``
-    as given (before their rotation)."""
-    dq, dk, dv = cpu_kernels.kernels().attention_backward(grad, q, k, v, cos, sin, out, lse)
-    return dq, dk, dv
+    grad: th.Tensor, qkv: th.Tensor, cos: th.Tensor, sin: th.Tensor, out: th.Tensor, lse: th.Tensor
+) -> th.Tensor:
+    """The gradient of :func:`causal_attention_with_lse`'s output with respect to the projection
+    ``qkv`` as given (before the rotation of its queries and keys): ``(B, L, 3, H, Dh)``, contiguous,
+    the layout of the product that made it, so no stack of three gradients and no copy follow."""
+    return cpu_kernels.kernels().attention_backward(grad, qkv, cos, sin, out, lse)
 
 
 @causal_attention_backward.register_fake
-def _(
-    grad: th.Tensor, q: th.Tensor, k: th.Tensor, v: th.Tensor, cos: th.Tensor, sin: th.Tensor, out: th.Tensor, lse: th.Tensor
-) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+def _(grad: th.Tensor, qkv: th.Tensor, cos: th.Tensor, sin: th.Tensor, out: th.Tensor, lse: th.Tensor) -> th.Tensor:
+    return qkv.new_empty(qkv.shape)
 
 
 def _setup_context(ctx: Any, inputs: tuple[th.Tensor, ...], output: tuple[th.Tensor, th.Tensor]) -> None:
     ctx.save_for_backward(*inputs, *output)
 
 
-def _backward(ctx: Any, grad: th.Tensor, grad_lse: th.Tensor | None) -> tuple[th.Tensor, th.Tensor, th.Tensor, None, None]:
+def _backward(ctx: Any, grad: th.Tensor, grad_lse: th.Tensor | None) -> tuple[th.Tensor, None, None]:
     # The log-sum-exp is saved for the backward, not trained through: its gradient is never used;
     # the rotary tables are functions of time indices, with no gradient either.
-    return (*causal_attention_backward(grad, *ctx.saved_tensors), None, None)
+    return causal_attention_backward(grad, *ctx.saved_tensors), None, None
 
 
 causal_attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
 
 
+def projection_attention(qkv: th.Tensor, rotary: tuple[th.Tensor, th.Tensor] | None = None) -> th.Tensor:
+    """Causal softmax attention with the kernel (loaded by :func:`~sb3_amago.nets.cpu_kernels.load`)
+    over the projection ``qkv`` ``(B, L, 3, H, Dh)`` -> ``(B, H, L, Dh)``, queries and keys turned by
+    the ``rotary`` tables ``(cos, sin)`` where given."""
+    cos, sin = (qkv.new_empty(0), qkv.new_empty(0)) if rotary is None else rotary
+    return causal_attention_with_lse(qkv, cos, sin)[0]
+
+
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, rotary: tuple[th.Tensor, th.Tensor] | None = None) -> th.Tensor:
-    """Causal softmax attention with the kernel (loaded by :func:`~sb3_amago.nets.cpu_kernels.load`): ``(..., L, Dh)`` each ->
-    ``(..., L, Dh)``, queries and keys turned by the ``rotary`` tables ``(cos, sin)`` where given."""
-    cos, sin = (q.new_empty(0), q.new_empty(0)) if rotary is None else rotary
-    return causal_attention_with_lse(q, k, v, cos, sin)[0]
+    """:func:`projection_attention` of queries, keys and values apart, ``(B, H, L, Dh)`` each (the
+    Transformer's path under bf16 autocast, whose queries and keys are turned before): stacked into a
+    projection's layout first, a copy."""
+    return projection_attention(th.stack([q, k, v]).permute(1, 3, 0, 2, 4), rotary)
 
 
 def attention_flops(q_shape: th.Size, k_shape: th.Size, v_shape: th.Size, *args: Any, **kwargs: Any) -> int:
     """FLOPs of a causal attention forward as torch counts attention: the scores and their product
-    with the values, the ``(L, L)`` products whole. For this kernel's operator, and for torch's CPU
+    with the values, the ``(L, L)`` products whole. For this kernel's operator and for torch's CPU
     flash kernel, which ``FlopCounterMode`` lacks (``benchmarks/bench_updates.py``)."""
     return sdpa_flop_count(q_shape, k_shape, v_shape)
 
@@ -98,5 +105,23 @@ def attention_backward_flops(
     return 2 * sdpa_flop_count(q_shape, k_shape, v_shape)
 
 
-register_flop_formula(th.ops.sb3_amago.causal_attention)(attention_flops)
-register_flop_formula(th.ops.sb3_amago.causal_attention_backward)(attention_backward_flops)
+def _heads_shape(qkv_shape: th.Size) -> th.Size:
+    """The queries' shape ``(B, H, L, Dh)`` of a projection's ``(B, L, 3, H, Dh)``."""
+    batch, length, _, heads, width = qkv_shape
+    return th.Size((batch, heads, length, width))
+
+
+def projection_attention_flops(qkv_shape: th.Size, *args: Any, **kwargs: Any) -> int:
+    """:func:`attention_flops` of the kernel's operator, whose input is the projection."""
+    shape = _heads_shape(qkv_shape)
+    return attention_flops(shape, shape, shape)
+
+
+def projection_attention_backward_flops(grad_shape: th.Size, qkv_shape: th.Size, *args: Any, **kwargs: Any) -> int:
+    """:func:`attention_backward_flops` of the kernel's backward operator."""
+    shape = _heads_shape(qkv_shape)
+    return attention_backward_flops(grad_shape, shape, shape, shape)
+
+
+register_flop_formula(th.ops.sb3_amago.causal_attention)(projection_attention_flops)
+register_flop_formula(th.ops.sb3_amago.causal_attention_backward)(projection_attention_backward_flops)

@@ -11,6 +11,7 @@ error if they cannot be built); ``torch`` never builds them. :func:`load` builds
 model with a Transformer calls it (:class:`~sb3_amago.AMAGO`), before anything is compiled.
 """
 
+import hashlib
 import os
 import re
 import shutil
@@ -64,10 +65,20 @@ _tried = False
 BUILD_PREFIX = "sb3_amago_cpu_kernels"
 
 
+def sources_digest() -> str:
+    """A short hash of the sources' text: two versions of the package never share a build."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def build_name(capability: str) -> str:
-    """The build's name for a CPU capability: one build per capability and torch version, since a
-    build is compiled against one torch's headers and for one instruction set."""
-    return re.sub(r"\W", "_", f"{BUILD_PREFIX}_{capability.lower()}_torch_{th.__version__}")
+    """The build's name for a CPU capability: one build per capability, torch version and version of
+    the sources, since a build is compiled against one torch's headers, for one instruction set, from
+    one text. (Under one name, processes of two versions, such as a benchmark's two sides, would
+    rebuild it in turn, and a process could load the other version's build.)"""
+    return re.sub(r"\W", "_", f"{BUILD_PREFIX}_{capability.lower()}_torch_{th.__version__}_{sources_digest()}")
 
 
 def load() -> bool:

@@ -150,6 +150,11 @@ def sinusoidal_embedding(time_idx: th.Tensor, d_model: int) -> th.Tensor:
     return th.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+def split_heads(qkv: th.Tensor) -> th.Tensor:
+    """The projection ``(B, L, 3, H, Dh)`` -> queries, keys and values ``(3, B, H, L, Dh)``, a view."""
+    return qkv.permute(2, 0, 3, 1, 4)
+
+
 def rotate(qkv: th.Tensor, rotary: Rotary) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
     """Queries, keys and values ``(B, H, L, Dh)`` from their stack ``(3, B, H, L, Dh)``, queries and keys
     turned by :func:`~sb3_amago.nets.rotary.rotary_tables` when given (in one pass: half the operator calls)."""
@@ -190,12 +195,10 @@ class TransformerBlock(nn.Module):
         self.ff_out = make_linear(d_ff, d_model, sigma_reparam)
         self.dropout = FastDropout(dropout)
 
-    def _qkv(self, x: th.Tensor) -> th.Tensor:
-        """``(B, L, D)`` residual stream -> queries, keys and values ``(3, B, H, L, Dh)``, a view of
-        the projection."""
+    def _projection(self, x: th.Tensor) -> th.Tensor:
+        """``(B, L, D)`` residual stream -> the projection of queries, keys and values ``(B, L, 3, H, Dh)``."""
         batch, length, _ = x.shape
-        qkv = self.qkv(self.norm_attn_in(x)).view(batch, length, 3, self.n_heads, self.d_head)
-        return qkv.permute(2, 0, 3, 1, 4)
+        return self.qkv(self.norm_attn_in(x)).view(batch, length, 3, self.n_heads, self.d_head)
 
     def _finish(self, x: th.Tensor, attn: th.Tensor) -> th.Tensor:
         """Attention output ``(B, H, L, Dh)`` + residual ``(B, L, D)`` -> block output ``(B, L, D)``."""
@@ -207,13 +210,13 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: th.Tensor, rotary: Rotary = None) -> th.Tensor:
         """Causal pass over whole sequences: ``(B, L, D)`` -> ``(B, L, D)``."""
-        qkv = self._qkv(x)
+        qkv = self._projection(x)
         if uses_cpu_kernel(qkv):
-            # The kernel reads the projection's views and turns queries and keys as it reads them
-            # (and their gradients back): no rotation pass and no copy of its inputs.
-            q, k, v = qkv.unbind(0)
-            return self._finish(x, cpu_attention.causal_attention(q, k, v, rotary))
-        q, k, v = rotate(qkv, rotary)
+            # The kernel reads the projection where it lies and turns queries and keys as it reads
+            # them (and their gradients back), writes its output in the layout the output projection
+            # reads and returns the projection's gradient whole: no rotation pass and no copy.
+            return self._finish(x, cpu_attention.projection_attention(qkv, rotary))
+        q, k, v = rotate(split_heads(qkv), rotary)
         if q.device.type == "cpu" and q.dtype == th.bfloat16:
             # torch's CPU flash-attention backward is 2-5x slower in bf16 than in fp32 at these
             # sizes, and attention is a small share of the FLOPs: it runs in fp32. Autocast would
@@ -237,7 +240,7 @@ class TransformerBlock(nn.Module):
         :return: ``(N, D)``
         """
         envs = th.arange(x.shape[0], device=x.device)
-        q, k, v = rotate(self._qkv(x.unsqueeze(1)), rotary)  # (N, H, 1, Dh)
+        q, k, v = rotate(split_heads(self._projection(x.unsqueeze(1))), rotary)  # (N, H, 1, Dh)
         keys[envs, :, slot] = k[:, :, 0].to(keys.dtype)
         values[envs, :, slot] = v[:, :, 0].to(values.dtype)
         width = filled.shape[1]

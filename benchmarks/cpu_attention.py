@@ -4,7 +4,9 @@ Alone: causal attention forward and backward at the reference model's sizes (bat
 width 16) for each window of ``--lengths`` steps, on the package's kernel
 (``sb3_amago.nets.cpu_attention``), torch's math backend compiled (``causal_math_attention`` under
 ``torch.compile``, as a compiled update ran it up to ``CPU_MATH_ATTENTION_MAX_STEPS`` steps) and
-torch's flash kernel (``scaled_dot_product_attention``); each the best of ``--repeats``.
+torch's flash kernel (``scaled_dot_product_attention``), each from a projection of queries, keys and
+values ``(8, L + 1, 3, 8, 16)`` and back to its gradient, as in the Transformer; each the best of
+``--repeats``.
 
 Inside updates (``--update-rounds N``): two compiled reference updates (``bench_updates.py``) in this
 process, one traced and run with the package's CPU kernels set aside (``cpu_kernels.CHOICE = "torch"``:
@@ -29,31 +31,38 @@ from common import write_results
 from torch.nn import functional as F
 
 from sb3_amago.nets import cpu_attention, cpu_kernels
-from sb3_amago.nets.transformer import causal_math_attention
+from sb3_amago.nets.transformer import causal_math_attention, split_heads
 
-Attention = Callable[[th.Tensor, th.Tensor, th.Tensor], th.Tensor]
+#: Attention over a projection (B, L, 3, H, Dh) of queries, keys and values, as the Transformer computes it.
+Attention = Callable[[th.Tensor], th.Tensor]
 
 
-def torch_flash(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+def torch_flash(qkv: th.Tensor) -> th.Tensor:
+    q, k, v = split_heads(qkv).unbind(0)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def torch_math(qkv: th.Tensor) -> th.Tensor:
+    return causal_math_attention(*split_heads(qkv).unbind(0))
+
+
 def forward_backward_ms(attention: Attention, steps: int, repeats: int) -> float:
-    """Best milliseconds of one forward and backward pass at ``(8, 8, steps, 16)``."""
+    """Best milliseconds of one forward and backward pass at ``(8, 8, steps, 16)``, from and back to
+    a projection ``(8, steps, 3, 8, 16)`` as in the Transformer."""
     gen = th.Generator().manual_seed(steps)
-    q, k, v = (th.randn(8, 8, steps, 16, generator=gen).requires_grad_() for _ in range(3))
+    qkv = th.randn(8, steps, 3, 8, 16, generator=gen).requires_grad_()
     grad = th.randn(8, 8, steps, 16, generator=gen)
 
     def step() -> None:
-        attention(q, k, v).backward(grad)
+        attention(qkv).backward(grad)
 
     return 1e3 * best_seconds(step, repeats)  # after an untimed call (compilation)
 
 
 def kernel_figures(lengths: list[int], repeats: int) -> dict[str, dict[str, Any]]:
     sides: dict[str, Attention] = {
-        "package": cpu_attention.causal_attention,
-        "torch_math_compiled": th.compile(causal_math_attention, dynamic=True),
+        "package": cpu_attention.projection_attention,
+        "torch_math_compiled": th.compile(torch_math, dynamic=True),
         "torch_flash": torch_flash,
     }
     figures = {}

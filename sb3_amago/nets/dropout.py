@@ -101,6 +101,12 @@ def _(like: th.Tensor, key: th.Tensor, steps: int, scale: float) -> th.Tensor:
     return th.empty(like.shape, dtype=th.float32, device=like.device)
 
 
+def _native_mask(like: th.Tensor, p: float, key: th.Tensor) -> th.Tensor:
+    """:data:`native_keep_mask` at the rate ``p``, for ``like``'s shape and ``key``."""
+    steps = _rate_steps(p)
+    return native_keep_mask(like, key, steps, _scale(steps))
+
+
 def uses_native_mask(dtype: th.dtype, device: th.device) -> bool:
     """Whether masks of ``dtype`` on ``device`` come from the C++ kernel: fp32 on a CPU where the
     package's kernels are loaded."""
@@ -117,9 +123,9 @@ def keep_mask(shape: th.Size, p: float, dtype: th.dtype, device: th.device, key:
     comparisons are vectorised (int16 ones are not).
     """
     key = draw_key(device) if key is None else key
-    steps = _rate_steps(p)
     if uses_native_mask(dtype, device):
-        return native_keep_mask(th.empty((), device=device).expand(shape), key, steps, _scale(steps))
+        return _native_mask(th.empty((), device=device).expand(shape), p, key)
+    steps = _rate_steps(p)
     n = shape.numel()
     n_draws = -(-n // _FIELDS_PER_DRAW)
     draws = splitmix64(th.arange(n_draws, dtype=th.int64, device=device).mul_(_GAMMA).add_(key))  # (n / 4,)
@@ -158,7 +164,6 @@ class FastDropout(nn.Dropout):
         if th.compiler.is_compiling():
             key = compiled_draw_key(x.detach())
             if uses_native_mask(x.dtype, x.device):
-                steps = _rate_steps(self.p)
-                return x * native_keep_mask(x.detach(), key, steps, _scale(steps))
+                return x * _native_mask(x.detach(), self.p, key)
             return x * traced_keep_mask(x, self.p, key)
         return x * keep_mask(x.shape, self.p, x.dtype, x.device)

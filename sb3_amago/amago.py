@@ -40,6 +40,7 @@ from sb3_amago.arguments import (
 )
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.checkpoint import check_model_file, read_replay, run_state, set_run_state, write_atomically
+from sb3_amago.clipped_step import clipped_step
 from sb3_amago.cpu_memory import keep_freed_memory
 from sb3_amago.datasets import dataset_rollouts, write_minari_dataset
 from sb3_amago.distributed import DataParallel, SingleProcess
@@ -527,8 +528,7 @@ class AMAGO(OffPolicyAlgorithm):
             if popart is not None:  # PopArt's move, which the loss read, before the optimizer's step
                 policy.popart.load(popart)
             self._dist.average_gradients(params, n_real=batch.real[:, 1:].sum())
-            stats["grad_norm"] = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-            optimizer.step()
+            stats["grad_norm"] = clipped_step(optimizer, params, self.max_grad_norm)
             policy.update_targets(self.tau)
             self._n_updates += 1
             for key, value in stats.items():

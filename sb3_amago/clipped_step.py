@@ -31,8 +31,11 @@ def total_grad_norm(params: Sequence[th.Tensor]) -> th.Tensor:
 
 def takes_grad_scale(optimizer: th.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` reads a gradient scale (``optimizer.grad_scale``, the attribute
-    torch's ``GradScaler`` sets for fused optimizers): torch's optimizers built with ``fused=True``."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False) and optimizer.defaults.get("fused"))
+    torch's ``GradScaler`` sets for fused optimizers): torch's optimizers whose every parameter group
+    is fused (a group's own setting, which a loaded state dict may have changed from the constructor's)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and all(
+        group.get("fused") for group in optimizer.param_groups
+    )
 
 
 def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max_norm: float) -> th.Tensor:

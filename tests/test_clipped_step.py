@@ -73,6 +73,22 @@ def test_takes_grad_scale() -> None:
     assert not takes_grad_scale(th.optim.RMSprop(params))
 
 
+def test_a_loaded_unfused_group_is_clipped_apart() -> None:
+    """A state dict saved by an unfused optimizer makes the fused one's groups unfused (a model file
+    of an earlier version): its step refuses a gradient scale, so the clip is applied apart."""
+    params = _params_with_grads(10.0)
+    opt = th.optim.AdamW(params, fused=True)
+    opt.load_state_dict(th.optim.AdamW(params, foreach=True).state_dict())
+    assert not takes_grad_scale(opt)
+    expected_params = copy.deepcopy(params)
+    for p, q in zip(params, expected_params, strict=True):
+        q.grad = None if p.grad is None else p.grad.clone()
+    norm, expected = _torch_step(expected_params, lambda ps: th.optim.AdamW(ps, foreach=True), max_norm=1.0)
+    assert th.equal(clipped_step(opt, params, 1.0), norm)
+    for want, p in zip(expected, params, strict=True):
+        assert th.equal(p.detach(), want)
+
+
 def test_grad_scale_removed_when_the_step_raises() -> None:
     params = _params_with_grads(10.0)
     opt = th.optim.AdamW(params, fused=True)

@@ -80,9 +80,15 @@ def test_builds_are_named_per_instruction_set_torch_version_and_sources(
     names = {cpu_kernels.build_name(capability) for capability in ("AVX512", "AVX2")}
     assert len(names) == 2 and all(th.__version__.replace(".", "_").replace("+", "_") in name for name in names)
     assert all(name.isidentifier() for name in names)  # a Python module's name
+    sources = cpu_kernels.SOURCES
+    copied = tmp_path / "copy" / "cpu_dropout.cpp"
+    copied.parent.mkdir()
+    copied.write_text(sources[1].read_text())
+    monkeypatch.setattr(cpu_kernels, "SOURCES", [sources[0], copied, sources[2]])
+    assert cpu_kernels.build_name("AVX512") not in names  # the same text in another checkout: another build
     edited = tmp_path / "cpu_dropout.cpp"
-    edited.write_text(cpu_kernels.SOURCES[1].read_text() + "// an edit\n")
-    monkeypatch.setattr(cpu_kernels, "SOURCES", [cpu_kernels.SOURCES[0], edited, cpu_kernels.SOURCES[2]])
+    edited.write_text(sources[1].read_text() + "// an edit\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCES", [sources[0], edited, sources[2]])
     assert cpu_kernels.build_name("AVX512") not in names  # another version of the sources, another build
 
 

@@ -66,9 +66,13 @@ BUILD_PREFIX = "sb3_amago_cpu_kernels"
 
 
 def sources_digest() -> str:
-    """A short hash of the sources' text: two versions of the package never share a build."""
+    """A short hash of the sources' text and where they lie: two versions of the package, or two
+    checkouts of one, never share a build (a build's ninja file names its sources' paths, so two
+    checkouts under one name rebuilt it in every process that alternated between them, as a
+    benchmark of two commits does)."""
     digest = hashlib.sha256()
     for source in SOURCES:
+        digest.update(str(source.resolve()).encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -192,6 +192,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to check that the script runs")
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--name", help="the results' file name (default: sequence_models, or sequence_models_quick)")
     parser.add_argument("--train-worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,7 +227,7 @@ def main() -> None:
         "checks": checks(acting, training),
         **run_metadata(),
     }
-    name = "sequence_models_quick" if args.quick else "sequence_models"
+    name = args.name or ("sequence_models_quick" if args.quick else "sequence_models")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out_dir / f"{name}.md").write_text(markdown(report))

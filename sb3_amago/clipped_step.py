@@ -20,13 +20,12 @@ import torch as th
 EPS = 1e-6
 
 
-def total_grad_norm(params: Sequence[th.Tensor]) -> th.Tensor:
-    """The 2-norm of all the gradients of ``params`` together (those with one), as
-    ``clip_grad_norm_`` computes it: the norm of the per-tensor norms."""
-    grads = [p.grad for p in params if p.grad is not None]
+def total_grad_norm(grads: Sequence[th.Tensor]) -> th.Tensor:
+    """The 2-norm of ``grads`` together, as ``clip_grad_norm_`` computes it: the norm of the
+    per-tensor norms (0 for none)."""
     if not grads:
         return th.zeros(())
-    return th.linalg.vector_norm(th.stack(th._foreach_norm(grads, 2.0)), 2.0)
+    return th.linalg.vector_norm(th.stack(th._foreach_norm(list(grads), 2.0)), 2.0)
 
 
 def takes_grad_scale(optimizer: th.optim.Optimizer) -> bool:
@@ -46,7 +45,8 @@ def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max
 
     :param params: the parameters ``optimizer`` steps (those without a gradient are skipped)
     """
-    total = total_grad_norm(params)
+    grads = [p.grad for p in params if p.grad is not None]
+    total = total_grad_norm(grads)
     if takes_grad_scale(optimizer):
         optimizer.grad_scale = th.clamp((total + EPS) / max_norm, min=1.0)  # type: ignore[attr-defined]
         try:
@@ -54,7 +54,6 @@ def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max
         finally:
             del optimizer.grad_scale  # type: ignore[attr-defined]
         return total
-    grads = [p.grad for p in params if p.grad is not None]
     if grads:
         th._foreach_mul_(grads, th.clamp(max_norm / (total + EPS), max=1.0))
     optimizer.step()

@@ -14,7 +14,14 @@ the dropout mask's kernel too, which the update's figure then includes) and one 
 the median of the per-round ratios and the rounds in which the kernel's update was faster. One
 process, because this VM's speed moves between processes by more than the change.
 
+Against another revision (``--base REV``): that revision's kernels, built from its sources in a git
+worktree, and the working tree's, each called directly on the same projection with rotary tables at
+each of ``--base-lengths``, forward and backward timed apart (a best of ``--base-repeats`` per side
+and round), alternating for ``--base-rounds`` rounds in this process: the medians, their ratios, and
+whether the two give the same values bit for bit.
+
     python benchmarks/cpu_attention.py --threads 2 --update-rounds 10
+    python benchmarks/cpu_attention.py --threads 2 --lengths --base HEAD~1 --base-lengths 256 1024 4096
 
 Results: ``benchmarks/results/cpu_attention.json`` / ``.md`` (``--name`` changes the file name).
 """
@@ -27,10 +34,11 @@ from typing import Any
 
 import torch as th
 from bench_updates import best_seconds, module_settings, trained_model
-from common import write_results
+from common import git_worktree, short_commit, write_results
 from torch.nn import functional as F
 
 from sb3_amago.nets import cpu_attention, cpu_kernels
+from sb3_amago.nets.rotary import rotary_tables
 from sb3_amago.nets.transformer import causal_math_attention, split_heads
 
 #: Attention over a projection (B, L, 3, H, Dh) of queries, keys and values, as the Transformer computes it.
@@ -104,20 +112,78 @@ def update_figure(length: int, rounds: int, updates: int) -> dict[str, Any]:
     }
 
 
+def kernel_pass_seconds(
+    kernels: Any, qkv: th.Tensor, tables: tuple[th.Tensor, th.Tensor], grad: th.Tensor, repeats: int
+) -> tuple[float, float, list[th.Tensor]]:
+    """The best forward and the best backward seconds of a build's kernels (``attention_forward`` and
+    ``attention_backward`` of :mod:`sb3_amago.nets.cpu_kernels`' module) over ``repeats`` calls of
+    each, and their results (output, log-sum-exp, the projection's gradient)."""
+    forward, backward = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out, lse = kernels.attention_forward(qkv, *tables)
+        forward.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        dqkv = kernels.attention_backward(grad, qkv, *tables, out, lse)
+        backward.append(time.perf_counter() - start)
+    return min(forward), min(backward), [out, lse, dqkv]
+
+
+def base_figures(base: str, lengths: list[int], rounds: int, repeats: int) -> dict[str, dict[str, Any]]:
+    """The working tree's kernel against revision ``base``'s, alternating in this process."""
+    capability = th.backends.cpu.get_cpu_capability()
+    with git_worktree(base) as tree:
+        builds = {"base": cpu_kernels.build([tree / "sb3_amago" / "nets" / s.name for s in cpu_kernels.SOURCES], capability)}
+    builds["working_tree"] = cpu_kernels.kernels()
+    figures = {}
+    for length in lengths:
+        steps = length + 1
+        gen = th.Generator().manual_seed(steps)
+        qkv = th.randn(8, steps, 3, 8, 16, generator=gen)
+        grad = th.randn(8, steps, 8, 16, generator=gen).transpose(1, 2)  # the output projection's layout
+        tables = rotary_tables(th.arange(steps).repeat(8, 1), 16)
+        times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in builds}
+        results = {}
+        for round_ in range(rounds):
+            for name in list(builds) if round_ % 2 == 0 else list(builds)[::-1]:
+                forward, backward, results[name] = kernel_pass_seconds(builds[name], qkv, tables, grad, repeats)
+                times[name][0].append(forward)
+                times[name][1].append(backward)
+        ms = {name: [1e3 * statistics.median(t) for t in pair] for name, pair in times.items()}
+        figures[f"against_base_L{length}"] = {
+            "value": round((ms["base"][0] + ms["base"][1]) / (ms["working_tree"][0] + ms["working_tree"][1]), 3),
+            "unit": f"x (base {short_commit(base)} over the working tree, forward + backward, medians of {rounds} rounds)",
+            "steps": steps,
+            "forward_ms": {name: round(pair[0], 3) for name, pair in ms.items()},
+            "backward_ms": {name: round(pair[1], 3) for name, pair in ms.items()},
+            "forward_speedup": round(ms["base"][0] / ms["working_tree"][0], 3),
+            "backward_speedup": round(ms["base"][1] / ms["working_tree"][1], 3),
+            "same_values": all(th.equal(a, b) for a, b in zip(results["base"], results["working_tree"])),
+        }
+        print(f"L={length}: {figures[f'against_base_L{length}']}", flush=True)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512], help="windows L (L + 1 steps)")
+    parser.add_argument("--lengths", type=int, nargs="*", default=[64, 128, 256, 512], help="windows L (L + 1 steps)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--update-rounds", type=int, default=0, help="rounds of whole compiled updates (0: none)")
     parser.add_argument("--update-lengths", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--updates", type=int, default=10, help="updates per round and side")
+    parser.add_argument("--base", help="a revision whose kernels to time against the working tree's")
+    parser.add_argument("--base-lengths", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--base-rounds", type=int, default=5)
+    parser.add_argument("--base-repeats", type=int, default=3, help="calls per side and round (the best is kept)")
     parser.add_argument("--name", default="cpu_attention")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     if not cpu_kernels.load():
         raise SystemExit("the package's CPU attention kernel is not built on this machine (see the warning above)")
     figures = kernel_figures(args.lengths, args.repeats)
+    if args.base:
+        figures.update(base_figures(args.base, args.base_lengths, args.base_rounds, args.base_repeats))
     for length in args.update_lengths if args.update_rounds else []:
         figures[f"update_L{length}"] = update_figure(length, args.update_rounds, args.updates)
     write_results(args.name, vars(args), figures)

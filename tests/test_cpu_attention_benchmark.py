@@ -37,3 +37,21 @@ def test_kernel_figures_time_the_package_beside_torchs_kernels() -> None:
     figure = benchmark.kernel_figures([8], repeats=1)["attention_L8"]
     assert figure["steps"] == 9 and figure["value"] > 0
     assert figure["torch_math_compiled_ms"] > 0 and figure["torch_flash_ms"] > 0
+
+
+@pytest.mark.skipif(not cpu_kernels.load(), reason="the package's CPU kernels are not built on this CPU")
+def test_against_a_revision_the_kernels_run_on_one_input_and_their_values_are_compared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[list[Path]] = []
+
+    def fake_build(sources: list[Path], capability: str) -> object:
+        built.append(sources)
+        return cpu_kernels.kernels()  # the working tree's own kernels stand in for the revision's
+
+    monkeypatch.setattr(cpu_kernels, "build", fake_build)
+    figure = benchmark.base_figures("HEAD", [8], rounds=2, repeats=1)["against_base_L8"]
+    assert [source.name for source in built[0]] == [source.name for source in cpu_kernels.SOURCES]
+    assert all(cpu_kernels.SOURCES[0].parent not in source.parents for source in built[0])  # the revision's files
+    assert figure["same_values"] is True and figure["steps"] == 9 and figure["value"] > 0
+    assert set(figure["forward_ms"]) == set(figure["backward_ms"]) == {"base", "working_tree"}

@@ -65,24 +65,38 @@ _tried = False
 BUILD_PREFIX = "sb3_amago_cpu_kernels"
 
 
-def sources_digest() -> str:
+def sources_digest(sources: list[Path] = SOURCES) -> str:
     """A short hash of the sources' text and where they lie: two versions of the package, or two
     checkouts of one, never share a build (a build's ninja file names its sources' paths, so two
     checkouts under one name rebuilt it in every process that alternated between them, as a
     benchmark of two commits does)."""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in sources:
         digest.update(str(source.resolve()).encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 
 
-def build_name(capability: str) -> str:
+def build_name(capability: str, sources: list[Path] = SOURCES) -> str:
     """The build's name for a CPU capability: one build per capability, torch version and version of
     the sources, since a build is compiled against one torch's headers, for one instruction set, from
     one text. (Under one name, processes of two versions, such as a benchmark's two sides, would
     rebuild it in turn, and a process could load the other version's build.)"""
-    return re.sub(r"\W", "_", f"{BUILD_PREFIX}_{capability.lower()}_torch_{th.__version__}_{sources_digest()}")
+    return re.sub(r"\W", "_", f"{BUILD_PREFIX}_{capability.lower()}_torch_{th.__version__}_{sources_digest(sources)}")
+
+
+def build(sources: list[Path], capability: str) -> ModuleType:
+    """Build (or load from torch's extension cache) the kernels of ``sources`` for a CPU capability
+    of :data:`ISA_FLAGS`: the package's (:data:`SOURCES`), or another version's for a benchmark."""
+    from torch.utils import cpp_extension  # imported here: it is slow to import and only the build needs it
+
+    _put_ninja_on_path()
+    return cpp_extension.load(
+        name=build_name(capability, sources),
+        sources=[str(source) for source in sources],
+        extra_cflags=["-O3", "-fopenmp", *ISA_FLAGS[capability]],
+        extra_ldflags=["-fopenmp"],
+    )
 
 
 def load() -> bool:
@@ -96,24 +110,15 @@ def load() -> bool:
         return loaded()
     _tried = True
     capability = th.backends.cpu.get_cpu_capability()
-    flags = ISA_FLAGS.get(capability)
-    if flags is None:
+    if capability not in ISA_FLAGS:
         if CHOICE == "native":
             raise RuntimeError(
                 f"{ENV_VARIABLE}=native, but sb3_amago's CPU kernels are built for AVX2 or AVX-512 only "
                 f"and torch runs {capability!r} code here: set {ENV_VARIABLE}=auto or torch."
             )
         return False
-    from torch.utils import cpp_extension  # imported here: it is slow to import and only the build needs it
-
-    _put_ninja_on_path()
     try:
-        _kernels = cpp_extension.load(
-            name=build_name(capability),
-            sources=[str(source) for source in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", *flags],
-            extra_ldflags=["-fopenmp"],
-        )
+        _kernels = build(SOURCES, capability)
     except Exception as error:  # a missing compiler or ninja, a failed compile or link
         if CHOICE == "native":
             raise RuntimeError(

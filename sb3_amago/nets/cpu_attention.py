@@ -5,7 +5,8 @@ per-block products on small BLAS calls (on an AMD EPYC, MKL's generic code path)
 backend writes and reads the whole ``(L, L)`` scores several times. The kernel here takes each
 (batch, head) pair as one task across the threads and, within it, blocks of 32 queries whose
 scores against every key they may see are computed whole (an exact softmax), vectorised along the
-keys; the backward recomputes them from the saved log-sum-exp. Its input is the Transformer's
+keys; the backward takes blocks of keys against every query block that sees them, so that a pair's
+work stays in the first-level cache, and recomputes the probabilities from the saved log-sum-exp. Its input is the Transformer's
 projection of queries, keys and values, read at its strides, queries and keys turned by the rotary
 tables as they are read; it writes its output in the layout the output projection reads and returns
 the projection's gradient whole, so no rotation or copy runs outside it. Two threads of a Zen 4

@@ -9,8 +9,9 @@
 // queries and keys as they are read, and the backward turns their gradients back, so the rotation
 // costs no pass of its own. Within a task the forward takes the queries in blocks of BQ rows: a block's
 // scores against every key it may see (rows x n, n = last row + 1) are computed whole, so the softmax is
-// exact, not the running one of a flash kernel; the block then takes the exponentials and their
-// products with the values a chunk of KC keys at a time, while the chunk is in the first-level cache.
+// exact, not the running one of a flash kernel. A chunk of KC keys at a time, it computes the scores
+// and their rows' maxima, then the exponentials and their products with the values, each while the
+// chunk is in the first-level cache.
 // The backward goes the other way round: a block of BQ keys at a time, against every query block that
 // sees it, so that everything a pair of blocks touches (their probabilities recomputed from the saved
 // log-sum-exp, the score gradients, the key block's gradients) stays in the first-level cache; only
@@ -344,15 +345,25 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& qkv, const at
       transpose({buf.kr.data(), D}, buf.kt.data(), L, D, ld);
       for (int64_t r0 = 0; r0 < L; r0 += BQ) {
         const int64_t rows = std::min(BQ, L - r0), n = r0 + rows, width = round_up(n, VS);
-        product<Mode::Store>({Qr + r0 * D, D, 1, buf.kt.data(), ld, P, ld, buf.scales.data()}, rows, D, width);
+        // the scores and their rows' maxima a chunk of KC keys at a time, the maxima while the chunk is
+        // in the first-level cache
         float maxima[BQ];
-        Vec sums[BQ];
+        Vec sums[BQ], running[BQ];
+        std::fill(running, running + rows, Vec(-std::numeric_limits<float>::infinity()));
+        for (int64_t c0 = 0; c0 < width; c0 += KC) {
+          const int64_t c1 = std::min(c0 + KC, width);
+          product<Mode::Store>({Qr + r0 * D, D, 1, buf.kt.data() + c0, ld, P + c0, ld, buf.scales.data()}, rows, D, c1 - c0);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* pr = P + r * ld;
+            const int64_t seen = visible(r0, r);
+            if (seen < c1) mask_future(pr, std::max(seen, c0), c1);
+            Vec m = running[r];
+            for (int64_t j = c0; j < c1; j += VS) m = at::vec::maximum(m, Vec::loadu(pr + j));
+            running[r] = m;
+          }
+        }
         for (int64_t r = 0; r < rows; ++r) {
-          float* pr = P + r * ld;
-          mask_future(pr, visible(r0, r), width);
-          Vec mv(-std::numeric_limits<float>::infinity());
-          for (int64_t j = 0; j < width; j += VS) mv = at::vec::maximum(mv, Vec::loadu(pr + j));
-          maxima[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, mv);
+          maxima[r] = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, running[r]);
           sums[r] = Vec(0.f);
         }
         // the exponentials and their products with the values a chunk of keys at a time, while the chunk

@@ -153,6 +153,31 @@ def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None, cpp_
         assert all(th.equal(a, b) for a, b in zip(eager, traced))
 
 
+def test_queries_keys_and_values_apart_are_stacked_by_one_opaque_operator() -> None:
+    # The bf16 path's stack into a projection: its values and gradients are the stack's, eager and
+    # compiled, and the compiled graph keeps it as one operator (inductor's own code for that stack
+    # was wrong on one thread in torch 2.13).
+    gen = th.Generator().manual_seed(3)
+    q, k, v = (th.randn(2, 3, 9, 16, generator=gen) for _ in range(3))
+    weights = th.randn(2, 9, 3, 3, 16, generator=gen)
+
+    def run(fn: Any) -> list[th.Tensor]:
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = fn(*inputs)
+        (out * weights).sum().backward()
+        return [out.detach(), *(x.grad for x in inputs)]
+
+    expected = run(lambda a, b, c: th.stack([a, b, c]).permute(1, 3, 0, 2, 4))
+    compiled = th.compile(cpu_attention.stack_projection, dynamic=True, fullgraph=True)
+    for fn in (cpu_attention.stack_projection, compiled):
+        got = run(fn)
+        assert got[0].is_contiguous() and all(th.equal(a, b) for a, b in zip(got, expected))
+    graphs: list[str] = []
+    th._dynamo.reset()
+    th.compile(cpu_attention.stack_projection, backend=lambda gm, _: graphs.append(str(gm.graph)) or gm)(q, k, v)
+    assert "sb3_amago.stack_projection" in graphs[0] and "torch.stack" not in graphs[0]
+
+
 class _Ops(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

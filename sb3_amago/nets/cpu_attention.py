@@ -85,11 +85,35 @@ def projection_attention(qkv: th.Tensor, rotary: tuple[th.Tensor, th.Tensor] | N
     return causal_attention_with_lse(qkv, cos, sin)[0]
 
 
+@th.library.custom_op("sb3_amago::stack_projection", mutates_args=())
+def stack_projection(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+    """Queries, keys and values ``(B, H, L, Dh)`` each stacked into a projection ``(B, L, 3, H, Dh)``,
+    contiguous: a copy, one operator that ``torch.compile`` leaves as it is. Traced, torch 2.13's
+    inductor made wrong code for the stack on one thread (a projection of garbage for the kernel
+    under ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 CPU, and heap corruption for a stack, a permute
+    and a product with dynamic shapes: ``docs/design.md``, "CPU attention")."""
+    return th.stack([q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)], dim=2)
+
+
+@stack_projection.register_fake
+def _(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
+    batch, heads, length, width = q.shape
+    return q.new_empty(batch, length, 3, heads, width)
+
+
+def _stack_backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    dq, dk, dv = (part.transpose(1, 2) for part in grad.unbind(2))  # views of the projection's gradient
+    return dq, dk, dv
+
+
+stack_projection.register_autograd(_stack_backward)
+
+
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, rotary: tuple[th.Tensor, th.Tensor] | None = None) -> th.Tensor:
     """:func:`projection_attention` of queries, keys and values apart, ``(B, H, L, Dh)`` each (the
     Transformer's path under bf16 autocast, whose queries and keys are turned before): stacked into a
-    projection's layout first, a copy."""
-    return projection_attention(th.stack([q, k, v]).permute(1, 3, 0, 2, 4), rotary)
+    projection's layout first (:func:`stack_projection`, a copy)."""
+    return projection_attention(stack_projection(q, k, v), rotary)
 
 
 def attention_flops(q_shape: th.Size, k_shape: th.Size, v_shape: th.Size, *args: Any, **kwargs: Any) -> int:

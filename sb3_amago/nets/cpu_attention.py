@@ -5,14 +5,14 @@ per-block products on small BLAS calls (on an AMD EPYC, MKL's generic code path)
 backend writes and reads the whole ``(L, L)`` scores several times. The kernel here takes each
 (batch, head) pair as one task across the threads and, within it, blocks of 32 queries whose
 scores against every key they may see are computed whole (an exact softmax), vectorised along the
-keys; the backward takes blocks of keys against every query block that sees them, so that a pair's
-work stays in the first-level cache, and recomputes the probabilities from the saved log-sum-exp. Its input is the Transformer's
-projection of queries, keys and values, read at its strides, queries and keys turned by the rotary
-tables as they are read; it writes its output in the layout the output projection reads and returns
-the projection's gradient whole, so no rotation or copy runs outside it. Two threads of a Zen 4
-EPYC, forward and backward at ``(8, 8, L, 16)``: 0.56 against 1.39 ms (torch's math backend,
-compiled) at 65 steps, 4.4 against 11.6 ms (torch's flash kernel) at 257
-(``benchmarks/cpu_attention.py``; ``docs/design.md``, "CPU attention").
+keys; the backward takes blocks of keys against every query block that sees them, so that a
+pair's work stays in the first-level cache, and recomputes the probabilities from the saved
+log-sum-exp. Its input is the Transformer's projection of queries, keys and values, read at its
+strides, queries and keys turned by the rotary tables as they are read; it writes its output in
+the layout the output projection reads and returns the projection's gradient whole, so no rotation
+or copy runs outside it. Two threads of a Zen 4 EPYC, forward and backward at ``(8, 8, L, 16)``:
+0.56 against 1.39 ms (torch's math backend, compiled) at 65 steps, 4.4 against 11.6 ms (torch's
+flash kernel) at 257 (``benchmarks/cpu_attention.py``; ``docs/design.md``, "CPU attention").
 
 The kernel is one of the package's C++ kernels for the CPU: :mod:`sb3_amago.nets.cpu_kernels` builds
 and loads them, and its ``SB3_AMAGO_CPU_KERNELS`` chooses them or torch's operators.

@@ -109,3 +109,58 @@ def test_the_avx2_build_computes_the_same_attention_and_masks() -> None:
     """
     result = _run(code, ATEN_CPU_CAPABILITY="avx2")
     assert result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+
+
+#: The package's operators whose CPU kernels the build holds in C++.
+CPP_OPERATORS = (
+    "causal_attention",
+    "causal_attention_backward",
+    "stack_projection",
+    "leaky_relu",
+    "dropout_key",
+    "dropout_keep_mask",
+)
+
+
+def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels_values() -> None:
+    # Compiled code calls an operator through the dispatcher: on the CPU it must find the C++ kernel
+    # (no Python on the way), whatever was imported first, and get what the Python kernel returns.
+    from torch.nn import functional as F
+
+    from sb3_amago.nets import activations, cpu_attention, dropout
+
+    if not cpu_kernels.load():
+        pytest.skip("the package's CPU kernels are not built on this machine")
+    for name in CPP_OPERATORS:
+        cpu_lines = [line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith("CPU:")]
+        assert len(cpu_lines) == 1 and "cpu_kernels.cpp" in cpu_lines[0], (name, cpu_lines)
+    ops = th.ops.sb3_amago
+    gen = th.Generator().manual_seed(0)
+    x = th.randn(3, 7, 5, generator=gen)
+    assert th.equal(ops.leaky_relu(x, 0.2), F.leaky_relu(x, 0.2)) and th.equal(ops.leaky_relu(x, 0.0), F.relu(x))
+    assert th.equal(activations.compiled_leaky_relu(x, 0.2), F.leaky_relu(x, 0.2))
+    th.manual_seed(5)
+    keys = [ops.dropout_key(x) for _ in range(3)]
+    th.manual_seed(5)
+    assert keys == [dropout.draw_key(x.device) for _ in range(3)]  # the same draws from torch's generator
+    assert keys[0].dtype == th.int64 and keys[0].shape == ()
+    assert th.equal(
+        ops.dropout_keep_mask(x, keys[0], 3277, 1.25), cpu_kernels.kernels().dropout_keep_mask(x, keys[0], 3277, 1.25)
+    )
+    q, k, v = (th.randn(2, 4, 9, 8, generator=gen) for _ in range(3))
+    projection = ops.stack_projection(q, k, v)
+    assert projection.is_contiguous() and th.equal(projection, th.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2))
+    angles = th.randn(9, 4, generator=gen)
+    cos, sin = th.cat([angles.cos()] * 2, -1), th.cat([-angles.sin(), angles.sin()], -1)
+    out, lse = ops.causal_attention(projection, cos, sin)
+    expected_out, expected_lse = cpu_kernels.kernels().attention_forward(projection, cos, sin)
+    assert th.equal(out, expected_out) and th.equal(lse, expected_lse) and out.stride() == expected_out.stride()
+    grad = th.randn(2, 4, 9, 8, generator=gen)
+    assert th.equal(
+        ops.causal_attention_backward(grad, projection, cos, sin, out, lse),
+        cpu_kernels.kernels().attention_backward(grad, projection, cos, sin, out, lse),
+    )
+    # and through autograd, as eager code calls them
+    projection.requires_grad_(True)
+    cpu_attention.projection_attention(projection, (cos, sin)).backward(grad)
+    assert th.equal(projection.grad, cpu_kernels.kernels().attention_backward(grad, projection.detach(), cos, sin, out, lse))

@@ -1,8 +1,10 @@
 // The Python module of the package's CPU kernels (sb3_amago/nets/cpu_kernels.py): one build of
-// cpu_attention.cpp and cpu_dropout.cpp.
+// cpu_attention.cpp and cpu_dropout.cpp, and the CPU kernels of the package's operators in C++.
 
 #include <torch/extension.h>
+#include <torch/library.h>
 
+#include <tuple>
 #include <vector>
 
 std::vector<at::Tensor> causal_attention_forward(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin);
@@ -10,8 +12,51 @@ at::Tensor causal_attention_backward(const at::Tensor& grad, const at::Tensor& q
                                      const at::Tensor& sin, const at::Tensor& out, const at::Tensor& lse);
 at::Tensor dropout_keep_mask(const at::Tensor& like, const at::Tensor& key, int64_t steps, double scale);
 
+namespace {
+
+// Each operator's CPU kernel computes what its Python kernel does (the module named beside it), with the
+// same torch operators: the same values, and the same draws from torch's generator.
+
+// sb3_amago::causal_attention (cpu_attention.py)
+std::tuple<at::Tensor, at::Tensor> causal_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin) {
+  auto result = causal_attention_forward(qkv, cos, sin);
+  return {result[0], result[1]};
+}
+
+// sb3_amago::stack_projection (cpu_attention.py)
+at::Tensor stack_projection(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return at::stack({q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)}, 2);
+}
+
+// sb3_amago::leaky_relu (activations.py)
+at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) { return at::leaky_relu(x, negative_slope); }
+
+// sb3_amago::dropout_key (dropout.py's draw_key)
+at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)).random_(); }
+
+// Registers the kernels above on the CPU dispatch key, where they take precedence over the operators'
+// Python kernels (registered for every device, CompositeExplicitAutograd). Once per process; the
+// registration is kept until the process ends (never destroyed, so no static destructor runs it off
+// after the dispatcher is gone).
+void register_operators() {
+  static torch::Library* operators = [] {
+    auto* library = new torch::Library(torch::Library::IMPL, "sb3_amago", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    library->impl("causal_attention", &causal_attention);
+    library->impl("causal_attention_backward", &causal_attention_backward);
+    library->impl("stack_projection", &stack_projection);
+    library->impl("leaky_relu", &leaky_relu);
+    library->impl("dropout_key", &dropout_key);
+    library->impl("dropout_keep_mask", &dropout_keep_mask);
+    return library;
+  }();
+  (void)operators;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_forward", &causal_attention_forward, "causal attention of a projection, rotary tables unless empty: (out, logsumexp)");
   m.def("attention_backward", &causal_attention_backward, "causal attention's gradient of the projection");
   m.def("dropout_keep_mask", &dropout_keep_mask, "dropout's keep mask of a key (see dropout.py's keep_mask)");
+  m.def("register_operators", &register_operators, "the package's operators' CPU kernels in C++, registered once");
 }

@@ -72,9 +72,11 @@ def draw_key(device: th.device) -> th.Tensor:
     return th.empty((), dtype=th.int64, device=device).random_()
 
 
+# Their Python kernels are registered for every device; where the package's CPU kernels are built,
+# C++ ones with the same values take the CPU's place (cpu_kernels.cpp, register_operators).
 _LIBRARY = th.library.Library("sb3_amago", "FRAGMENT")
 _LIBRARY.define("dropout_key(Tensor like) -> Tensor", tags=(th.Tag.nondeterministic_seeded,))
-_LIBRARY.impl("dropout_key", lambda like: draw_key(like.device), "CPU")
+_LIBRARY.impl("dropout_key", lambda like: draw_key(like.device), "CompositeExplicitAutograd")
 #: :func:`draw_key` as one opaque operator: the compiler neither merges two draws nor replaces
 #: torch's generator with its own, so compiled and eager layers draw the same keys for a seed.
 compiled_draw_key = th.ops.sb3_amago.dropout_key.default
@@ -89,7 +91,7 @@ _LIBRARY.define("dropout_keep_mask(Tensor like, Tensor key, int steps, float sca
 _LIBRARY.impl(
     "dropout_keep_mask",
     lambda like, key, steps, scale: cpu_kernels.kernels().dropout_keep_mask(like, key, steps, scale),
-    "CPU",
+    "CompositeExplicitAutograd",
 )
 #: The C++ kernel's mask (``cpu_dropout.cpp``) as one operator: ``like``'s shape (its values are not
 #: read), the key, the rate in steps of ``2**-15`` and the kept elements' value; fp32, contiguous.

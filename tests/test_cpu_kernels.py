@@ -117,6 +117,7 @@ CPP_OPERATORS = (
     "causal_attention_backward",
     "stack_projection",
     "leaky_relu",
+    "linear_leaky_relu",
     "dropout_key",
     "dropout_keep_mask",
 )
@@ -139,6 +140,12 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
     x = th.randn(3, 7, 5, generator=gen)
     assert th.equal(ops.leaky_relu(x, 0.2), F.leaky_relu(x, 0.2)) and th.equal(ops.leaky_relu(x, 0.0), F.relu(x))
     assert th.equal(activations.compiled_leaky_relu(x, 0.2), F.leaky_relu(x, 0.2))
+    weight, bias = th.randn(6, 5, generator=gen), th.randn(6, generator=gen)
+    assert th.equal(ops.linear_leaky_relu(x, weight, bias, 0.1, False), F.leaky_relu(F.linear(x, weight, bias), 0.1))
+    members, member_bias = th.randn(3, 5, 6, generator=gen), th.randn(3, 1, 6, generator=gen)
+    expected = F.leaky_relu(th.baddbmm(member_bias, x, members), 0.1)
+    assert th.equal(ops.linear_leaky_relu(x, members, member_bias, 0.1, True), expected)
+    assert th.equal(ops.linear_leaky_relu(x, members, None, 0.0, True), F.relu(th.bmm(x, members)))
     th.manual_seed(5)
     keys = [ops.dropout_key(x) for _ in range(3)]
     th.manual_seed(5)

@@ -12,6 +12,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.preprocessing import get_action_dim, preprocess_obs
 from stable_baselines3.common.torch_layers import CombinedExtractor, FlattenExtractor, NatureCNN
+from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -721,6 +722,41 @@ def test_compiled_leaky_relu_is_opaque_only_where_a_backward_reads_it() -> None:
     assert opaque == [True, False]
     expected = F.leaky_relu(x, 0.01) * 3.0
     th.testing.assert_close((with_grad.detach(), without_grad), (expected, expected), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("n_members", [None, 3])
+def test_mlp_runs_each_layer_and_rectifier_as_one_with_the_sequential_values(n_members: int | None) -> None:
+    """The heads' MLP (the rectifier in place on each product's output; compiled, the opaque operator
+    ``sb3_amago::linear_leaky_relu`` where a backward reads it) has ``nn.Sequential``'s values and
+    gradients over the same modules: eager bit for bit, compiled within rounding; an input that needs
+    no gradient compiles to the plain layers."""
+    from sb3_amago.nets.heads import MLP, mlp
+
+    th.manual_seed(0)
+    net = mlp(5, (8, 8), 4, n_members=n_members)
+    assert isinstance(net, MLP) and list(net.state_dict()) == list(nn.Sequential(*net).state_dict())
+    shape = (6, 5) if n_members is None else (n_members, 6, 5)
+    graphs: list[th.fx.GraphModule] = []
+
+    def recording_backend(gm: th.fx.GraphModule, example_inputs: list[th.Tensor]):
+        graphs.append(gm)
+        return gm.forward
+
+    def run(fn: Any) -> tuple[th.Tensor, ...]:
+        x = th.randn(*shape, generator=th.Generator().manual_seed(1)).requires_grad_(True)
+        net.zero_grad()
+        out = fn(x)
+        out.backward(th.linspace(-1.0, 1.0, out.numel()).view_as(out))
+        return (out.detach(), x.grad, *(p.grad for p in net.parameters()))
+
+    expected = run(lambda x: nn.Sequential.forward(net, x))
+    assert all(th.equal(a, b) for a, b in zip(run(net), expected, strict=True))
+    th.testing.assert_close(run(th.compile(net, dynamic=True)), expected, atol=1e-6, rtol=1e-5)
+    th.compile(net, backend=recording_backend, dynamic=True)(th.randn(*shape).requires_grad_(True))
+    with th.no_grad():
+        th.compile(net, backend=recording_backend, dynamic=True)(th.randn(*shape))
+    fused = [sum(node.target is th.ops.sb3_amago.linear_leaky_relu.default for node in gm.graph.nodes) for gm in graphs]
+    assert fused == [2, 0]
 
 
 def test_action_input_critics_equal_their_mlp_on_the_concatenated_input() -> None:

@@ -31,6 +31,17 @@ at::Tensor stack_projection(const at::Tensor& q, const at::Tensor& k, const at::
 // sb3_amago::leaky_relu (activations.py)
 at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) { return at::leaky_relu(x, negative_slope); }
 
+// sb3_amago::linear_leaky_relu (activations.py): the rectifier in place on the product's output
+at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                             double negative_slope, bool ensemble) {
+  at::Tensor product;
+  if (!ensemble)
+    product = at::linear(x, weight, bias);
+  else
+    product = bias.has_value() ? at::baddbmm(*bias, x, weight) : at::bmm(x, weight);
+  return at::leaky_relu_(product, negative_slope);
+}
+
 // sb3_amago::dropout_key (dropout.py's draw_key)
 at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)).random_(); }
 
@@ -45,6 +56,7 @@ void register_operators() {
     library->impl("causal_attention_backward", &causal_attention_backward);
     library->impl("stack_projection", &stack_projection);
     library->impl("leaky_relu", &leaky_relu);
+    library->impl("linear_leaky_relu", &linear_leaky_relu);
     library->impl("dropout_key", &dropout_key);
     library->impl("dropout_keep_mask", &dropout_keep_mask);
     return library;

@@ -104,7 +104,7 @@ ONEDNN = onednn_matmul_chosen()
 ONEDNN_MIN_MACS = 2**22
 
 
-def _routed(*tensors: th.Tensor) -> bool:
+def routed(*tensors: th.Tensor) -> bool:
     """Whether a product of ``tensors`` goes to oneDNN: fp32 on the CPU, autocast off, oneDNN chosen."""
     return (
         all(t.device.type == "cpu" and t.dtype == th.float32 for t in tensors) and not th.is_autocast_enabled("cpu") and ONEDNN
@@ -169,7 +169,7 @@ def _large(x: th.Tensor, out_features: int) -> bool:
 
 def linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = None) -> th.Tensor:
     """``F.linear(x, weight, bias)``: ``(..., i)``, ``(o, i)``, ``(o,)`` -> ``(..., o)``."""
-    if _routed(x, weight) and _large(x, weight.shape[0]):
+    if routed(x, weight) and _large(x, weight.shape[0]):
         return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -179,7 +179,7 @@ def ensemble_linear(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None = No
     ``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)`` -> ``(C, N, o)``. ``x`` may be one
     input expanded along ``C``: routed, that is one product with the members' weights side by side
     (its backward sums the members' input gradients inside the product), else one per member."""
-    if not (_routed(x, weight) and _large(x[0], weight.shape[-1])):
+    if not (routed(x, weight) and _large(x[0], weight.shape[-1])):
         return th.bmm(x, weight) if bias is None else th.baddbmm(bias, x, weight)
     n_members, _, out_features = weight.shape
     if x.stride(0) == 0:

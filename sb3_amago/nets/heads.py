@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch as th
 from torch import nn
 
-from sb3_amago.nets.activations import LeakyReLU
+from sb3_amago.nets.activations import LeakyReLU, linear_leaky_relu
 from sb3_amago.nets.cpu_matmul import Linear, ensemble_linear
 
 if TYPE_CHECKING:
@@ -51,7 +51,27 @@ class EnsembleLinear(nn.Module):
         return ensemble_linear(x, self.weight, self.bias)
 
 
-def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | None = None) -> nn.Sequential:
+class MLP(nn.Sequential):
+    """Linear layers (:class:`~sb3_amago.nets.cpu_matmul.Linear` or :class:`EnsembleLinear`), each but
+    the last followed by a :class:`LeakyReLU` (or a slice of such): ``nn.Sequential``'s modules and
+    state dict, with each layer and the rectifier after it run as
+    :func:`~sb3_amago.nets.activations.linear_leaky_relu` (the rectifier in place on the product's output)."""
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        layers, i = list(self), 0
+        while i < len(layers):
+            layer, after = layers[i], layers[i + 1] if i + 1 < len(layers) else None
+            if isinstance(layer, (Linear, EnsembleLinear)) and isinstance(after, LeakyReLU):
+                ensemble = isinstance(layer, EnsembleLinear)
+                x = linear_leaky_relu(x, layer.weight, layer.bias, after.negative_slope, ensemble=ensemble)
+                i += 2
+            else:
+                x = layer(x)
+                i += 1
+        return x
+
+
+def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | None = None) -> MLP:
     """A leaky-ReLU MLP; with ``n_members`` it is an ensemble of that many MLPs run in one pass."""
     sizes = (in_dim, *hidden, out_dim)
     layers: list[nn.Module] = []
@@ -59,7 +79,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, n_members: int | Non
         layers.append(Linear(a, b) if n_members is None else EnsembleLinear(n_members, a, b))
         if i < len(sizes) - 2:
             layers.append(LeakyReLU())
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 class ActorHead(nn.Module):

@@ -8,9 +8,11 @@ whole forward. Under compile on the CPU these functions call the operator ``sb3_
 instead, whose backward reads the layer's output (its sign is the input's, the slope being
 non-negative): every rectifier of the package feeds a product or a norm that saves that output
 anyway, so nothing more is stored, and the backward is plain torch code that the compiler fuses into
-its neighbours. Where the package's CPU kernels are built, the operator's CPU kernel is C++
-(:mod:`sb3_amago.nets.cpu_kernels`), so compiled code calls it without entering Python. Inputs that need no gradient, eager code and other devices call ``F.leaky_relu``
-(``F.relu`` at slope 0) directly.
+its neighbours. Inputs that need no gradient, eager code and other devices call ``F.leaky_relu``
+(``F.relu`` at slope 0) directly. Where the package's CPU kernels are built, the operator's CPU
+kernel is C++ (:mod:`sb3_amago.nets.cpu_kernels`), so compiled code calls it without entering
+Python. :func:`linear_leaky_relu` runs a linear layer and its rectifier as one, the rectifier in
+place on the product's output.
 """
 
 import math

@@ -12,9 +12,10 @@ model with a Transformer calls it (:class:`~sb3_amago.AMAGO`), before anything i
 
 The build also holds C++ kernels for the package's operators on the CPU (``sb3_amago::leaky_relu``,
 ``linear_leaky_relu``, ``dropout_key``, ``dropout_keep_mask``, ``causal_attention``,
-``causal_attention_backward`` and ``stack_projection``), which :func:`load` registers over their Python kernels: a compiled update
-calls them from inductor's C++ wrapper without entering Python (1.02x the compiled update at L = 64
-on an Intel Xeon, the same values). Without the build the Python kernels run, with the same values.
+``causal_attention_backward`` and ``stack_projection``), which :func:`load` registers over their
+Python kernels: a compiled update calls them from inductor's C++ wrapper without entering Python
+(1.02x the compiled update at L = 64 on an Intel Xeon, the same values). Without the build the
+Python kernels run, with the same values.
 """
 
 import hashlib

@@ -680,6 +680,16 @@ def test_timestep_encoder_pickles_with_every_observation_kind() -> None:
     assert th.equal(restored(*args), encoder(*args))
 
 
+def _graph_recorder(graphs: list[th.fx.GraphModule]) -> Any:
+    """A ``torch.compile`` backend that appends each graph dynamo hands it to ``graphs`` and runs it as traced."""
+
+    def backend(gm: th.fx.GraphModule, example_inputs: list[th.Tensor]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    return backend
+
+
 @pytest.mark.parametrize("negative_slope", [0.01, 0.0])
 def test_compiled_leaky_relu_takes_eager_values_and_gradients(negative_slope: float) -> None:
     """Under torch.compile the rectifier is the opaque operator with a traced backward (no graph break), with
@@ -708,11 +718,7 @@ def test_compiled_leaky_relu_is_opaque_only_where_a_backward_reads_it() -> None:
     from sb3_amago.nets.activations import leaky_relu
 
     graphs: list[th.fx.GraphModule] = []
-
-    def recording_backend(gm: th.fx.GraphModule, example_inputs: list[th.Tensor]):
-        graphs.append(gm)
-        return gm.forward
-
+    recording_backend = _graph_recorder(graphs)
     compiled = th.compile(lambda x: leaky_relu(x) * 3.0, backend=recording_backend, dynamic=True)
     x = th.randn(6, 7)
     with_grad = compiled(x.clone().requires_grad_(True))
@@ -737,10 +743,7 @@ def test_mlp_runs_each_layer_and_rectifier_as_one_with_the_sequential_values(n_m
     assert isinstance(net, MLP) and list(net.state_dict()) == list(nn.Sequential(*net).state_dict())
     shape = (6, 5) if n_members is None else (n_members, 6, 5)
     graphs: list[th.fx.GraphModule] = []
-
-    def recording_backend(gm: th.fx.GraphModule, example_inputs: list[th.Tensor]):
-        graphs.append(gm)
-        return gm.forward
+    recording_backend = _graph_recorder(graphs)
 
     def run(fn: Any) -> tuple[th.Tensor, ...]:
         x = th.randn(*shape, generator=th.Generator().manual_seed(1)).requires_grad_(True)

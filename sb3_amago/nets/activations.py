@@ -65,11 +65,10 @@ def leaky_relu(x: th.Tensor, negative_slope: float = 0.01) -> th.Tensor:
 
 
 def _product(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, ensemble: bool) -> th.Tensor:
-    """A linear layer's product: ``F.linear`` (``weight (o, i)``), or with ``ensemble`` the batched
-    ``baddbmm`` of ``C`` layers (``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)``)."""
-    if not ensemble:
-        return F.linear(x, weight, bias)
-    return th.bmm(x, weight) if bias is None else th.baddbmm(bias, x, weight)
+    """A linear layer's product as the package's layers compute it (:mod:`sb3_amago.nets.cpu_matmul`):
+    ``linear`` (``weight (o, i)``), or with ``ensemble`` the ``C`` layers' ``ensemble_linear``
+    (``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)``)."""
+    return cpu_matmul.ensemble_linear(x, weight, bias) if ensemble else cpu_matmul.linear(x, weight, bias)
 
 
 @th.library.custom_op("sb3_amago::linear_leaky_relu", mutates_args=())
@@ -136,9 +135,8 @@ def linear_leaky_relu(
         ``weight (o, i)``, ``bias (o,)`` (``F.linear``)
     :param negative_slope: must be >= 0
     """
-    if cpu_matmul.routed(x, weight):  # oneDNN's products (sb3_amago.nets.cpu_matmul), then the rectifier
-        product = cpu_matmul.ensemble_linear(x, weight, bias) if ensemble else cpu_matmul.linear(x, weight, bias)
-        return leaky_relu(product, negative_slope)
+    if cpu_matmul.routed(x, weight):  # oneDNN's products, then the rectifier
+        return leaky_relu(_product(x, weight, bias, ensemble), negative_slope)
     if not th.compiler.is_compiling():
         return F.leaky_relu(_product(x, weight, bias, ensemble), negative_slope, inplace=True)
     trained = th.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))

@@ -1,5 +1,6 @@
 """benchmarks/allocators.py: each allocator's measurements run with it preloaded, glibc's without,
-and a library the loader cannot find is recorded and skipped."""
+a library the loader cannot find is recorded and skipped, and ``--thp`` adds glibc's malloc on
+transparent huge pages where the kernel offers them."""
 
 import ctypes.util
 import json
@@ -28,12 +29,52 @@ def test_each_allocator_is_preloaded_into_its_own_measurements(monkeypatch: pyte
     argv = ["allocators.py", "--lengths", "8", "--rounds", "2", "--allocators", "fastalloc", "absent", "--compile"]
     monkeypatch.setattr(sys, "argv", argv)
     allocators.main()
-    assert preloaded == [(8, None, True), (8, "libfastalloc.so.1", True)] * 2
+    # the sides alternate: the second round measures them in the reverse order
+    assert preloaded == [(8, None, True), (8, "libfastalloc.so.1", True), (8, "libfastalloc.so.1", True), (8, None, True)]
     result = json.loads((tmp_path / "allocators.json").read_text())
     assert result["config"]["not_found"] == ["absent"]
     assert result["figures"]["glibc_L8"]["value"] == 10.0
     assert result["figures"]["fastalloc_L8"]["ratio_to_glibc"] == 2.0
     assert "absent_L8" not in result["figures"]
+
+
+def _measure_thp_sides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, thp_setting: str | None) -> tuple[list, dict]:
+    """Run ``allocators.py --allocators --thp`` on fake measurements (glibc's on huge pages 12 updates/s,
+    without 10) with the kernel's THP setting ``thp_setting`` (``None``: no such file)."""
+    tunables = []
+
+    def fake_measure(tree, threads, length, updates, precision="fp32", extra_env=None, compile_model=False):
+        tunables.append((extra_env or {}).get("GLIBC_TUNABLES"))
+        return 12.0 if extra_env else 10.0
+
+    setting = tmp_path / "enabled"
+    if thp_setting is not None:
+        setting.write_text(thp_setting)
+    monkeypatch.setattr(allocators, "THP_SETTING", setting)
+    monkeypatch.setattr(compare_commits, "measure", fake_measure)
+    monkeypatch.setattr(allocators, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["allocators.py", "--lengths", "8", "--rounds", "1", "--allocators", "--thp"])
+    allocators.main()
+    return tunables, json.loads((tmp_path / "allocators.json").read_text())
+
+
+def test_thp_measures_glibc_with_the_huge_page_tunable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    tunables, result = _measure_thp_sides(monkeypatch, tmp_path, "always [madvise] never\n")
+    assert tunables == [None, "glibc.malloc.hugetlb=1"]
+    assert result["config"]["transparent_hugepage"] == "madvise"
+    assert result["figures"]["glibc_thp_L8"]["ratio_to_glibc"] == 1.2
+    assert result["figures"]["glibc_thp_L8"]["environment"] == "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
+
+
+@pytest.mark.parametrize("thp_setting", ["always madvise [never]\n", None])
+def test_thp_is_skipped_where_the_kernel_gives_no_huge_pages(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], thp_setting: str | None
+) -> None:
+    tunables, result = _measure_thp_sides(monkeypatch, tmp_path, thp_setting)
+    assert tunables == [None]
+    assert "glibc_thp_L8" not in result["figures"]
+    assert result["config"]["transparent_hugepage"] == ("never" if thp_setting else "unknown")
+    assert "glibc_thp: the kernel's transparent huge pages are" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(ctypes.util.find_library("tcmalloc_minimal") is None, reason="libtcmalloc_minimal is not installed")

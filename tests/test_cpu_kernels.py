@@ -171,3 +171,30 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
     projection.requires_grad_(True)
     cpu_attention.projection_attention(projection, (cos, sin)).backward(grad)
     assert th.equal(projection.grad, cpu_kernels.kernels().attention_backward(grad, projection.detach(), cos, sin, out, lse))
+
+
+@pytest.mark.parametrize("dtype", [th.float32, th.float64])
+def test_linear_leaky_relu_adds_the_bias_to_the_finished_product_as_its_python_kernel_does(dtype: th.dtype) -> None:
+    # The C++ kernel adds the bias and rectifies in one pass over the product's rows (fp32: a vector
+    # loop and a tail), where baddbmm and addmm would add the bias before the product's last blocks,
+    # which rounds differently at wide inner sizes (700 here): it must give the Python kernel's values.
+    from torch.nn import functional as F
+
+    from sb3_amago.nets import activations
+
+    if not cpu_kernels.load():
+        pytest.skip("the package's CPU kernels are not built on this machine")
+    python_kernel = activations.compiled_linear_leaky_relu._init_fn  # the operator's Python kernel itself
+    ops = th.ops.sb3_amago
+    gen = th.Generator().manual_seed(3)
+    x = th.randn(3, 41, 700, generator=gen, dtype=dtype)
+    members = th.randn(3, 700, 37, generator=gen, dtype=dtype)
+    shared_bias = th.randn(1, 1, 37, generator=gen, dtype=dtype).expand(3, 1, 37)  # not contiguous
+    for bias in (th.randn(3, 1, 37, generator=gen, dtype=dtype), shared_bias):
+        expected = F.leaky_relu(th.bmm(x, members) + bias, 0.1)
+        assert th.equal(python_kernel(x, members, bias, 0.1, True), expected)
+        assert th.equal(ops.linear_leaky_relu(x, members, bias, 0.1, True), expected)
+    weight, bias = th.randn(19, 700, generator=gen, dtype=dtype), th.randn(19, generator=gen, dtype=dtype)
+    expected = F.relu(F.linear(x, weight) + bias)
+    assert th.equal(python_kernel(x, weight, bias, 0.0, False), expected)
+    assert th.equal(ops.linear_leaky_relu(x, weight, bias, 0.0, False), expected)

@@ -3,6 +3,10 @@
 
 #include <torch/extension.h>
 #include <torch/library.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
 
 #include <tuple>
 #include <vector>
@@ -31,15 +35,45 @@ at::Tensor stack_projection(const at::Tensor& q, const at::Tensor& k, const at::
 // sb3_amago::leaky_relu (activations.py)
 at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) { return at::leaky_relu(x, negative_slope); }
 
-// sb3_amago::linear_leaky_relu (activations.py): the rectifier in place on the product's output
+// The rows of y, a product's output of `groups` equal blocks of rows (the ensemble members), each
+// plus its block's row of `bias` (groups, width), then the rectifier: one pass, in place, where the
+// bias in the product (addmm, baddbmm) would first be copied into the whole output, written to memory
+// the caches no longer hold, and the rectifier pass over it follow. Float only, contiguous.
+void add_bias_leaky_relu_(at::Tensor& y, const at::Tensor& bias, int64_t groups, double negative_slope) {
+  using Vec = at::vec::Vectorized<float>;
+  const int64_t width = y.size(-1), rows = y.numel() / width, rows_per_group = rows / groups;
+  float* out = y.data_ptr<float>();
+  const float* biases = bias.data_ptr<float>();
+  const float slope = static_cast<float>(negative_slope);
+  at::parallel_for(0, rows, std::max<int64_t>(1, at::internal::GRAIN_SIZE / width), [&](int64_t begin, int64_t end) {
+    const Vec zero(0.0f), slopes(slope);
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = out + r * width;
+      const float* b = biases + (r / rows_per_group) * width;
+      int64_t j = 0;
+      for (; j + Vec::size() <= width; j += Vec::size()) {
+        const Vec v = Vec::loadu(row + j) + Vec::loadu(b + j);
+        Vec::blendv(v * slopes, v, v > zero).store(row + j);
+      }
+      for (; j < width; ++j) {
+        const float v = row[j] + b[j];
+        row[j] = v > 0.0f ? v : v * slope;
+      }
+    }
+  });
+}
+
+// sb3_amago::linear_leaky_relu (activations.py): the product without its bias, then the bias and the
+// rectifier in place on its output, in one pass where that is fp32 and contiguous.
 at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                              double negative_slope, bool ensemble) {
-  at::Tensor product;
-  if (!ensemble)
-    product = at::linear(x, weight, bias);
-  else
-    product = bias.has_value() ? at::baddbmm(*bias, x, weight) : at::bmm(x, weight);
-  return at::leaky_relu_(product, negative_slope);
+  at::Tensor product = ensemble ? at::bmm(x, weight) : at::linear(x, weight);
+  if (!bias.has_value()) return at::leaky_relu_(product, negative_slope);
+  if (product.scalar_type() != at::kFloat || bias->scalar_type() != at::kFloat || !product.is_contiguous() ||
+      !bias->is_contiguous())
+    return at::leaky_relu_(product.add_(*bias), negative_slope);
+  add_bias_leaky_relu_(product, *bias, ensemble ? x.size(0) : 1, negative_slope);
+  return product;
 }
 
 // sb3_amago::dropout_key (dropout.py's draw_key)

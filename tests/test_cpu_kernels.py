@@ -189,8 +189,9 @@ def test_linear_leaky_relu_adds_the_bias_to_the_finished_product_as_its_python_k
     gen = th.Generator().manual_seed(3)
     x = th.randn(3, 41, 700, generator=gen, dtype=dtype)
     members = th.randn(3, 700, 37, generator=gen, dtype=dtype)
-    shared_bias = th.randn(1, 1, 37, generator=gen, dtype=dtype).expand(3, 1, 37)  # not contiguous
-    for bias in (th.randn(3, 1, 37, generator=gen, dtype=dtype), shared_bias):
+    shared_bias = th.randn(1, 1, 37, generator=gen, dtype=dtype)  # broadcast over the members
+    biases = (th.randn(3, 1, 37, generator=gen, dtype=dtype), shared_bias, shared_bias.expand(3, 1, 37))
+    for bias in biases:
         expected = F.leaky_relu(th.bmm(x, members) + bias, 0.1)
         assert th.equal(python_kernel(x, members, bias, 0.1, True), expected)
         assert th.equal(ops.linear_leaky_relu(x, members, bias, 0.1, True), expected)

@@ -19,7 +19,8 @@ at::Tensor dropout_keep_mask(const at::Tensor& like, const at::Tensor& key, int6
 namespace {
 
 // Each operator's CPU kernel computes what its Python kernel does (the module named beside it), with the
-// same torch operators: the same values, and the same draws from torch's generator.
+// same torch operators (linear_leaky_relu: the same arithmetic, its bias and rectifier in one pass): the
+// same values, and the same draws from torch's generator.
 
 // sb3_amago::causal_attention (cpu_attention.py)
 std::tuple<at::Tensor, at::Tensor> causal_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin) {
@@ -36,9 +37,9 @@ at::Tensor stack_projection(const at::Tensor& q, const at::Tensor& k, const at::
 at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) { return at::leaky_relu(x, negative_slope); }
 
 // The rows of y, a product's output of `groups` equal blocks of rows (the ensemble members), each
-// plus its block's row of `bias` (groups, width), then the rectifier: one pass, in place, where the
-// bias in the product (addmm, baddbmm) would first be copied into the whole output, written to memory
-// the caches no longer hold, and the rectifier pass over it follow. Float only, contiguous.
+// plus its block's row of `bias` (groups, width), then the rectifier: one pass, in place. addmm and
+// baddbmm would first copy the bias into the whole output (to memory the caches no longer hold), and
+// the rectifier would pass over it again. fp32, both contiguous, y not empty.
 void add_bias_leaky_relu_(at::Tensor& y, const at::Tensor& bias, int64_t groups, double negative_slope) {
   using Vec = at::vec::Vectorized<float>;
   const int64_t width = y.size(-1), rows = y.numel() / width, rows_per_group = rows / groups;
@@ -69,10 +70,11 @@ at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, cons
                              double negative_slope, bool ensemble) {
   at::Tensor product = ensemble ? at::bmm(x, weight) : at::linear(x, weight);
   if (!bias.has_value()) return at::leaky_relu_(product, negative_slope);
+  const int64_t groups = ensemble ? x.size(0) : 1;
   if (product.scalar_type() != at::kFloat || bias->scalar_type() != at::kFloat || !product.is_contiguous() ||
-      !bias->is_contiguous())
-    return at::leaky_relu_(product.add_(*bias), negative_slope);
-  add_bias_leaky_relu_(product, *bias, ensemble ? x.size(0) : 1, negative_slope);
+      !bias->is_contiguous() || product.numel() == 0 || bias->numel() != groups * product.size(-1))
+    return at::leaky_relu_(product.add_(*bias), negative_slope);  // a bias broadcast over the members, too
+  add_bias_leaky_relu_(product, *bias, groups, negative_slope);
   return product;
 }
 

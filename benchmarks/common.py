@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -79,10 +80,25 @@ def git_worktree(revision: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
 
 
+#: Environment variables that change what a benchmark measures (the allocator, malloc's settings,
+#: OpenMP's waiting, the package's CPU kernels and products): set ones lead the recorded command.
+MEASURED_ENVIRONMENT = (
+    "LD_PRELOAD",
+    "GLIBC_TUNABLES",
+    "OMP_WAIT_POLICY",
+    "SB3_AMAGO_CPU_ATTENTION",
+    "SB3_AMAGO_CPU_KERNELS",
+    "SB3_AMAGO_CPU_MATMUL",
+    "SB3_AMAGO_KEEP_FREED_MEMORY",
+)
+
+
 def run_metadata() -> dict[str, Any]:
-    """The command that produced a result and the machine it ran on."""
+    """The command that produced a result (with the settings of :data:`MEASURED_ENVIRONMENT` it ran
+    under) and the machine it ran on."""
+    settings = [f"{key}={shlex.quote(os.environ[key])}" for key in MEASURED_ENVIRONMENT if os.environ.get(key)]
     return {
-        "command": shlex.join(["python", *sys.argv]),
+        "command": " ".join([*settings, shlex.join(["python", *sys.argv])]),
         "commit": git_commit(),
         "torch_version": th.__version__,
         "threads": th.get_num_threads(),

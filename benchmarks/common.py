@@ -17,6 +17,8 @@ from typing import Any
 
 import torch as th
 
+from sb3_amago import cpu_memory
+from sb3_amago.nets import cpu_kernels, cpu_matmul
 from sb3_amago.nets.cpu_matmul import first_processor
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -86,10 +88,10 @@ MEASURED_ENVIRONMENT = (
     "LD_PRELOAD",
     "GLIBC_TUNABLES",
     "OMP_WAIT_POLICY",
-    "SB3_AMAGO_CPU_ATTENTION",
-    "SB3_AMAGO_CPU_KERNELS",
-    "SB3_AMAGO_CPU_MATMUL",
-    "SB3_AMAGO_KEEP_FREED_MEMORY",
+    cpu_kernels.ENV_VARIABLE,
+    cpu_kernels.OLD_ENV_VARIABLE,
+    cpu_matmul.ENV_VARIABLE,
+    cpu_memory.ENV_VARIABLE,
 )
 
 

@@ -19,7 +19,6 @@ import torch as th
 
 from sb3_amago import cpu_memory
 from sb3_amago.nets import cpu_kernels, cpu_matmul
-from sb3_amago.nets.cpu_matmul import first_processor
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -36,7 +35,7 @@ def cpu_model() -> str:
     """The CPU's model name with its family and model numbers (``AMD EPYC (family 25, model 17)``): a
     virtual machine's model name can hide the generation (Zen 4 and Zen 5 both read ``AMD EPYC``)."""
     cpuinfo = Path("/proc/cpuinfo")
-    fields = first_processor(cpuinfo.read_text()) if cpuinfo.exists() else {}
+    fields = cpu_matmul.first_processor(cpuinfo.read_text()) if cpuinfo.exists() else {}
     name = fields.get("model name") or platform.processor() or "unknown"
     if "cpu family" in fields and "model" in fields:
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"

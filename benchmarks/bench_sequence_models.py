@@ -30,7 +30,7 @@ import torch as th
 from common import run_metadata
 
 from sb3_amago.cpu_memory import keep_freed_memory
-from sb3_amago.nets import TransformerTrajEncoder
+from sb3_amago.nets import TransformerTrajEncoder, cpu_kernels
 
 D_MODEL, N_LAYERS, N_HEADS = 128, 3, 8
 FULL = {"contexts": [128, 1024, 8192], "n_envs": 16, "step_repeats": 20, "train_lengths": [256, 1024, 4096, 10000], "batch": 8}
@@ -103,7 +103,8 @@ def bench_acting(context: int, n_envs: int, step_repeats: int) -> dict[str, floa
 
 def train_worker(length: int, batch: int) -> dict[str, float]:
     """Forward + backward timing and peak RSS; run in a fresh process so that RSS is its own."""
-    keep_freed_memory()  # as AMAGO does on the CPU
+    cpu_kernels.load()  # as AMAGO does on the CPU: the kernels, then the freed-memory settings
+    keep_freed_memory()
     encoder = make_encoder(length).train()
     x = th.randn(batch, length, D_MODEL)
     time_idx = th.arange(length).expand(batch, length)

@@ -316,8 +316,6 @@ class AMAGO(OffPolicyAlgorithm):
         # With distributed: join the process group, take this rank's device, log on rank 0 only.
         self._dist = DataParallel(self.device) if self.distributed else SingleProcess(self.device)
         self.device = self._dist.device
-        if self.device.type == "cpu":
-            keep_freed_memory()
         if not self._dist.is_main:
             self.set_logger(Logger(folder=None, output_formats=[]))
         self._setup_lr_schedule()
@@ -351,8 +349,10 @@ class AMAGO(OffPolicyAlgorithm):
             n_critics=self.n_critics,
             **self.policy_kwargs,
         ).to(self.device)
-        if self.device.type == "cpu" and isinstance(self.policy.traj_encoder, TransformerTrajEncoder):
-            cpu_kernels.load()  # before anything is compiled: a compiled update traces the kernels it finds
+        if self.device.type == "cpu":
+            if isinstance(self.policy.traj_encoder, TransformerTrajEncoder):
+                cpu_kernels.load()  # before anything is compiled: a compiled update traces the kernels it finds
+            keep_freed_memory()  # after the kernels load: they hold the freed-block cache
         # The update's forward, compiled or not, as one function: the sequence model, the TD target,
         # PopArt's move and the loss (one graph: each boundary between compiled functions cost about
         # 1% of a compiled update at L = 64 on a 2-core AMD EPYC). Random draws (the target's

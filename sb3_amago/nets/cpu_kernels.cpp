@@ -1,5 +1,5 @@
 // The Python module of the package's CPU kernels (sb3_amago/nets/cpu_kernels.py): one build of
-// cpu_attention.cpp and cpu_dropout.cpp, and the CPU kernels of the package's operators in C++.
+// cpu_attention.cpp, cpu_dropout.cpp and cpu_block_cache.cpp, and the CPU kernels of the package's operators in C++.
 
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -15,6 +15,9 @@ std::vector<at::Tensor> causal_attention_forward(const at::Tensor& qkv, const at
 at::Tensor causal_attention_backward(const at::Tensor& grad, const at::Tensor& qkv, const at::Tensor& cos,
                                      const at::Tensor& sin, const at::Tensor& out, const at::Tensor& lse);
 at::Tensor dropout_keep_mask(const at::Tensor& like, const at::Tensor& key, int64_t steps, double scale);
+bool cache_freed_blocks(int64_t cap_bytes);
+void release_freed_blocks();
+std::vector<int64_t> freed_block_stats();
 
 namespace {
 
@@ -107,4 +110,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_backward", &causal_attention_backward, "causal attention's gradient of the projection");
   m.def("dropout_keep_mask", &dropout_keep_mask, "dropout's keep mask of a key (see dropout.py's keep_mask)");
   m.def("register_operators", &register_operators, "the package's operators' CPU kernels in C++, registered once");
+  m.def("cache_freed_blocks", &cache_freed_blocks, "the freed-block cache in front of torch's CPU allocator, with a cap in bytes: whether in use");
+  m.def("release_freed_blocks", &release_freed_blocks, "the freed-block cache's blocks back to the C library");
+  m.def("freed_block_stats", &freed_block_stats, "the freed-block cache's (bytes held, hits, misses)");
 }

@@ -63,7 +63,7 @@ struct Cache final : c10::Allocator {
     }
     {
       std::lock_guard<std::mutex> lock(mutex);
-      handed_out.emplace(block, n);
+      handed_out.insert_or_assign(block, n);  // an entry left by a block freed behind the cache's back is stale
     }
     c10::profiledCPUMemoryReporter().New(block, n);
     return {block, block, &give_back, c10::Device(c10::DeviceType::CPU)};

@@ -35,7 +35,10 @@ ENV_VARIABLE = "SB3_AMAGO_CPU_KERNELS"
 OLD_ENV_VARIABLE = "SB3_AMAGO_CPU_ATTENTION"
 CHOICES = ("auto", "native", "torch")
 #: The sources of the build: the two kernels, the freed-block cache and their Python module.
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.cpp", "cpu_dropout.cpp", "cpu_block_cache.cpp", "cpu_kernels.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("cpu_attention.cpp", "cpu_dropout.cpp", "cpu_block_cache.cpp", "cpu_kernels.cpp")
+]
 #: Compiler flags for each CPU capability torch reports (``torch.backends.cpu.get_cpu_capability``):
 #: the instructions and the ``at::vec`` implementation that torch's own kernels use there.
 ISA_FLAGS = {

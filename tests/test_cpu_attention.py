@@ -205,6 +205,22 @@ def test_the_transformers_training_pass_runs_the_kernel_forward_and_backward(ker
     assert all(args[1].numel() > 0 for name, args in ops.calls if name == "sb3_amago.causal_attention.default")
 
 
+@needs_kernel
+def test_the_eager_gradient_is_the_builds_and_gives_none_to_the_log_sum_exp_and_tables(kernel: None) -> None:
+    # The build registers the operator's autograd in C++ (no Python in an eager backward).
+    qkv = _projection(2, 7, 2, 16, seed=3).requires_grad_()
+    cos, sin = (table.requires_grad_() for table in rotary_tables(th.arange(7).repeat(2, 1), 16))
+    out, lse = cpu_attention.causal_attention_with_lse(qkv, cos, sin)
+    assert "CausalAttentionFunction" in out.grad_fn.name() and lse.grad_fn is out.grad_fn
+    (out.sum() + lse.sum()).backward()  # the log-sum-exp's gradient is not used
+    grad = th.ones_like(out)
+    expected = cpu_attention.causal_attention_backward(
+        grad, qkv.detach(), cos.detach(), sin.detach(), out.detach(), lse.detach()
+    )
+    assert th.equal(qkv.grad, expected)
+    assert cos.grad is None and sin.grad is None
+
+
 def test_set_aside_the_training_pass_takes_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_kernels, "CHOICE", "torch")
     q, k, v = (th.randn(1, 2, 7, 16) for _ in range(3))

@@ -31,6 +31,40 @@ std::tuple<at::Tensor, at::Tensor> causal_attention(const at::Tensor& qkv, const
   return {result[0], result[1]};
 }
 
+// sb3_amago::causal_attention's autograd on the CPU in C++ (cpu_attention.py's _setup_context and _backward,
+// the same steps): an eager update's three attention calls and their gradients then run without Python.
+// Both operators are called through the dispatcher, below autograd, so tracing (torch.compile's fake
+// tensors) records them as it records the Python formula's.
+class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv,
+                                                const at::Tensor& cos, const at::Tensor& sin) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("sb3_amago::causal_attention", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, lse] = op.call(qkv, cos, sin);
+    ctx->save_for_backward({qkv, cos, sin, out, lse});
+    return {out, lse};
+  }
+
+  // The log-sum-exp's gradient is never used (it is saved for the backward, not trained through); the
+  // rotary tables have none.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("sb3_amago::causal_attention_backward", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                 const at::Tensor&, const at::Tensor&)>();
+    const auto saved = ctx->get_saved_variables();
+    return {op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4]), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> causal_attention_autograd(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin) {
+  auto result = CausalAttentionFunction::apply(qkv, cos, sin);
+  return {result[0], result[1]};
+}
+
 // sb3_amago::stack_projection (cpu_attention.py)
 at::Tensor stack_projection(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return at::stack({q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)}, 2);
@@ -85,10 +119,17 @@ at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, cons
 at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)).random_(); }
 
 // Registers the kernels above on the CPU dispatch key, where they take precedence over the operators'
-// Python kernels (registered for every device, CompositeExplicitAutograd). Once per process; the
-// registration is kept until the process ends (never destroyed, so no static destructor runs it off
-// after the dispatcher is gone).
+// Python kernels (registered for every device, CompositeExplicitAutograd), and causal_attention's autograd
+// on the AutogradCPU key, where it takes precedence over the Python formula (registered for the Autograd
+// alias, every device). Once per process; the registrations are kept until the process ends (never
+// destroyed, so no static destructor runs them off after the dispatcher is gone).
 void register_operators() {
+  static torch::Library* autograd = [] {
+    auto* library = new torch::Library(torch::Library::IMPL, "sb3_amago", c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);
+    library->impl("causal_attention", &causal_attention_autograd);
+    return library;
+  }();
+  (void)autograd;
   static torch::Library* operators = [] {
     auto* library = new torch::Library(torch::Library::IMPL, "sb3_amago", c10::DispatchKey::CPU, __FILE__, __LINE__);
     library->impl("causal_attention", &causal_attention);

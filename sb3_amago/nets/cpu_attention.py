@@ -69,8 +69,6 @@ def _(grad: th.Tensor, qkv: th.Tensor, cos: th.Tensor, sin: th.Tensor, out: th.T
     return qkv.new_empty(qkv.shape)
 
 
-
-
 def projection_attention(qkv: th.Tensor, rotary: tuple[th.Tensor, th.Tensor] | None = None) -> th.Tensor:
     """Causal softmax attention with the kernel (loaded by :func:`~sb3_amago.nets.cpu_kernels.load`)
     over the projection ``qkv`` ``(B, L, 3, H, Dh)`` -> ``(B, H, L, Dh)``, queries and keys turned by

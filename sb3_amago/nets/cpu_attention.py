@@ -16,11 +16,11 @@ flash kernel) at 257 (``benchmarks/cpu_attention.py``; ``docs/design.md``, "CPU 
 
 The kernel is one of the package's C++ kernels for the CPU: :mod:`sb3_amago.nets.cpu_kernels` builds
 and loads them, and its ``SB3_AMAGO_CPU_KERNELS`` chooses them or torch's operators. The loaded build
-also registers the operator's gradient (``cpu_kernels.cpp``, ``CausalAttentionFunction``): the outputs,
-inputs and log-sum-exp saved, :func:`causal_attention_backward` of the output's gradient, none for the
-log-sum-exp (saved for the backward, not trained through) or the rotary tables (functions of time
+also registers the operator's gradient, its only one (``cpu_kernels.cpp``, ``CausalAttentionFunction``):
+the inputs and both outputs saved, :func:`causal_attention_backward` of the output's gradient, none for
+the log-sum-exp (saved for the backward, not trained through) or the rotary tables (functions of time
 indices). In C++, an eager update's three attention gradients run without Python (1.01x the eager update
-at L = 64); traced, it records the same two operators.
+at L = 64 on one thread); traced, it records the same two operators.
 """
 
 from typing import Any

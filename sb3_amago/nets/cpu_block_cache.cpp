@@ -21,7 +21,6 @@
 #include <pthread.h>
 
 #include <cstdint>
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <vector>

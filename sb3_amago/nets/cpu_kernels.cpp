@@ -31,10 +31,10 @@ std::tuple<at::Tensor, at::Tensor> causal_attention(const at::Tensor& qkv, const
   return {result[0], result[1]};
 }
 
-// sb3_amago::causal_attention's autograd on the CPU in C++ (cpu_attention.py's _setup_context and _backward,
-// the same steps): an eager update's three attention calls and their gradients then run without Python.
-// Both operators are called through the dispatcher, below autograd, so tracing (torch.compile's fake
-// tensors) records them as it records the Python formula's.
+// sb3_amago::causal_attention's autograd on the CPU (its only one: the operator has no Python formula),
+// in C++ so that an eager update's attention gradients run without Python. It saves the inputs and both
+// outputs and calls sb3_amago::causal_attention_backward; both operators are called through the
+// dispatcher, below autograd, so tracing (torch.compile's fake tensors) records them.
 class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv,
@@ -120,9 +120,10 @@ at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.optio
 
 // Registers the kernels above on the CPU dispatch key, where they take precedence over the operators'
 // Python kernels (registered for every device, CompositeExplicitAutograd), and causal_attention's autograd
-// on the AutogradCPU key, where it takes precedence over the Python formula (registered for the Autograd
-// alias, every device). Once per process; the registrations are kept until the process ends (never
-// destroyed, so no static destructor runs them off after the dispatcher is gone).
+// on the AutogradCPU key, where it takes precedence over what torch.library registers for an operator
+// without a formula (for the Autograd alias: an error on the backward). Once per process; the registrations
+// are kept until the process ends (never destroyed, so no static destructor runs them off after the
+// dispatcher is gone).
 void register_operators() {
   static torch::Library* autograd = [] {
     auto* library = new torch::Library(torch::Library::IMPL, "sb3_amago", c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);

@@ -185,7 +185,7 @@ def test_rl_zoo_hyperparams_is_the_package_file() -> None:
     assert (ROOT / "rl_zoo_hyperparams" / "amago.yml").read_bytes() == zoo.HYPERPARAMS_FILE.read_bytes()
 
 
-def test_hyperparams_ship_in_the_wheel(tmp_path: Path) -> None:
+def test_hyperparams_and_the_kernels_sources_ship_in_the_wheel(tmp_path: Path) -> None:
     pytest.importorskip("setuptools")
     source = tmp_path / "src"
     source.mkdir()
@@ -197,7 +197,10 @@ def test_hyperparams_ship_in_the_wheel(tmp_path: Path) -> None:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("*.whl")
-    assert {"sb3_amago/hyperparams/amago.yml", "sb3_amago/zoo.py", "sb3_amago/py.typed"} <= set(
+    from sb3_amago.nets import cpu_kernels
+
+    sources = {f"sb3_amago/nets/{source.name}" for source in cpu_kernels.SOURCES}  # built on the user's machine
+    assert {"sb3_amago/hyperparams/amago.yml", "sb3_amago/zoo.py", "sb3_amago/py.typed", *sources} <= set(
         zipfile.ZipFile(wheel).namelist()
     )
 

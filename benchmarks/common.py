@@ -88,7 +88,6 @@ MEASURED_ENVIRONMENT = (
     "GLIBC_TUNABLES",
     "OMP_WAIT_POLICY",
     cpu_kernels.ENV_VARIABLE,
-    cpu_kernels.OLD_ENV_VARIABLE,
     cpu_matmul.ENV_VARIABLE,
     cpu_memory.ENV_VARIABLE,
 )

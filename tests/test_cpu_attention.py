@@ -14,8 +14,9 @@ from sb3_amago.nets import cpu_attention, cpu_kernels, make_traj_encoder
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
 from sb3_amago.nets.transformer import causal_attention
 
-BUILDS_HERE = th.backends.cpu.get_cpu_capability() in cpu_kernels.ISA_FLAGS and cpu_kernels.CHOICE != "torch"
-needs_kernel = pytest.mark.skipif(not BUILDS_HERE, reason="the kernel is built for x86 CPUs with AVX2 or AVX-512 only")
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernels.buildable(), reason="the kernel is built for x86 CPUs with AVX2 or AVX-512 only"
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,12 @@ import sys
 import textwrap
 
 import pytest
-import torch as th
 
 from sb3_amago.cpu_memory import BLOCK_CACHE_CAP, ENV_VARIABLE
 from sb3_amago.nets import cpu_kernels
 
 pytestmark = pytest.mark.skipif(
-    th.backends.cpu.get_cpu_capability() not in cpu_kernels.ISA_FLAGS or cpu_kernels.CHOICE == "torch",
+    not cpu_kernels.buildable(),
     reason="the cache is part of the package's CPU kernels, built for x86 CPUs with AVX2 or AVX-512 only",
 )
 

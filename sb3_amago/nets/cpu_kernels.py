@@ -121,7 +121,7 @@ def load() -> bool:
         return loaded()
     _tried = True
     capability = th.backends.cpu.get_cpu_capability()
-    if capability not in ISA_FLAGS:
+    if not buildable():
         if CHOICE == "native":
             raise RuntimeError(
                 f"{ENV_VARIABLE}=native, but sb3_amago's CPU kernels are built for AVX2 or AVX-512 only "
@@ -146,6 +146,12 @@ def load() -> bool:
             stacklevel=2,
         )
     return loaded()
+
+
+def buildable() -> bool:
+    """Whether :func:`load` builds the kernels in this process (the build may still fail):
+    :data:`CHOICE` is not ``torch`` and torch runs AVX2 or AVX-512 code here."""
+    return CHOICE != "torch" and th.backends.cpu.get_cpu_capability() in ISA_FLAGS
 
 
 def _put_ninja_on_path() -> None:

@@ -10,11 +10,21 @@ instead of applied apart: on a CPU the compiled fp32 update at L = 64 ran 1.023x
 Xeon, 2 threads, both ways alternated in one process, 8 rounds, each faster). Dividing by the
 scale and multiplying by its inverse round differently in the last bit; the clipped gradients are
 the same otherwise (and written back to ``.grad`` by the step, as the apart clip leaves them).
+
+On the CPU, with the package's kernels built (:mod:`sb3_amago.nets.cpu_kernels`), the default
+optimizer's clipped step runs as one C++ call (``sb3_amago/nets/cpu_adamw.cpp``): the norms, then
+AdamW's arithmetic over all the tensors, each a parallel region over every tensor at once where
+torch's take one per tensor, and without the step's Python loop over the parameters. The same values
+bit for bit as torch's step; :func:`native_step_lists` says when it runs.
 """
 
 from collections.abc import Sequence
+from numbers import Real
 
 import torch as th
+import torch.optim.optimizer as torch_optimizer
+
+from sb3_amago.nets import cpu_kernels
 
 #: Added to the norm before dividing, as ``clip_grad_norm_`` does.
 EPS = 1e-6
@@ -37,6 +47,50 @@ def takes_grad_scale(optimizer: th.optim.Optimizer) -> bool:
     )
 
 
+#: The settings of an AdamW group the native step runs: those that change its arithmetic at their defaults.
+_NATIVE_GROUP = {"fused": True, "amsgrad": False, "maximize": False, "capturable": False, "differentiable": False}
+
+
+def native_step_lists(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor]) -> list[list[th.Tensor]] | None:
+    """The parameters, gradients, moments and step counts the native clipped step reads, or None where
+    torch's step must run: the kernels are not loaded; ``optimizer`` is not exactly torch's fused
+    ``AdamW`` with one parameter group at its arithmetic's defaults (no AMSGrad, ``maximize``,
+    ``capturable``, ``differentiable``) and numbers for its settings; a step hook is registered
+    (on it or globally) or its ``step`` is replaced (as torch's LR schedulers wrap it); its state is not
+    made yet (the first step makes it); or ``params`` (those with a gradient) are not the group's
+    parameters with a gradient, in order. The kernel checks the tensors themselves (contiguous fp32 CPU
+    tensors) and leaves the step to torch where they are not."""
+    if not cpu_kernels.loaded() or type(optimizer) is not th.optim.AdamW or "step" in vars(optimizer):
+        return None
+    hooks = (
+        getattr(optimizer, "_optimizer_step_pre_hooks", None),
+        getattr(optimizer, "_optimizer_step_post_hooks", None),
+        getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+        getattr(torch_optimizer, "_global_optimizer_post_hooks", None),
+    )
+    if any(h is None or len(h) > 0 for h in hooks) or len(optimizer.param_groups) != 1:
+        return None
+    group = optimizer.param_groups[0]
+    if any(group.get(key) != value for key, value in _NATIVE_GROUP.items()) or not all(
+        isinstance(x, Real) for x in (group["lr"], *group["betas"], group["eps"], group["weight_decay"])
+    ):
+        return None
+    stepped = [p for p in group["params"] if p.grad is not None]
+    given = [p for p in params if p.grad is not None]
+    if len(stepped) != len(given) or any(a is not b for a, b in zip(stepped, given, strict=True)):
+        return None
+    states = [optimizer.state.get(p) for p in stepped]
+    if not all(state and "step" in state for state in states):
+        return None
+    return [
+        stepped,
+        [p.grad for p in stepped],
+        [state["exp_avg"] for state in states],
+        [state["exp_avg_sq"] for state in states],
+        [state["step"] for state in states],
+    ]
+
+
 def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max_norm: float) -> th.Tensor:
     """``clip_grad_norm_(params, max_norm)`` then ``optimizer.step()``: the gradients are scaled by
     ``min(1, max_norm / (norm + 1e-6))`` before the step reads them, in the step's own pass where
@@ -45,6 +99,15 @@ def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max
 
     :param params: the parameters ``optimizer`` steps (those without a gradient are skipped)
     """
+    native = native_step_lists(optimizer, params)
+    if native is not None:
+        group = optimizer.param_groups[0]
+        beta1, beta2 = group["betas"]
+        total = cpu_kernels.kernels().clipped_adamw_step(
+            *native, group["lr"], beta1, beta2, group["weight_decay"], group["eps"], max_norm
+        )
+        if total is not None:
+            return total
     grads = [p.grad for p in params if p.grad is not None]
     total = total_grad_norm(grads)
     if takes_grad_scale(optimizer):

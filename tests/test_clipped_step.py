@@ -4,8 +4,11 @@ import copy
 
 import pytest
 import torch as th
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from sb3_amago.clipped_step import clipped_step, takes_grad_scale, total_grad_norm
+from sb3_amago import clipped_step as clipped_step_module
+from sb3_amago.clipped_step import clipped_step, native_step_lists, takes_grad_scale, total_grad_norm
+from sb3_amago.nets import cpu_kernels
 
 
 def _params_with_grads(scale: float, seed: int = 0) -> list[th.nn.Parameter]:
@@ -107,3 +110,132 @@ def test_total_grad_norm() -> None:
     grads = [p.grad for p in params if p.grad is not None]
     th.testing.assert_close(total_grad_norm(grads), th.linalg.vector_norm(th.cat([g.flatten() for g in grads])))
     assert total_grad_norm([]) == 0.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The native step (sb3_amago/nets/cpu_adamw.cpp): torch's fused AdamW's values, bit for bit
+# ----------------------------------------------------------------------------------------------------
+native = pytest.mark.skipif(not cpu_kernels.buildable(), reason="the package's CPU kernels are built for AVX2 or AVX-512 CPUs")
+
+#: Sizes with and without a tail shorter than a vector, above and below torch's parallel grain (32,768).
+NATIVE_SHAPES = [(33, 7), (5,), (64, 64), (3, 1, 9), (300, 129), (512, 256), (16,)]
+
+
+def _model_params(seed: int) -> list[th.nn.Parameter]:
+    gen = th.Generator().manual_seed(seed)
+    return [th.nn.Parameter(th.randn(s, generator=gen)) for s in NATIVE_SHAPES]
+
+
+def _set_grads(params: list[th.nn.Parameter], seed: int, grad_scale: float) -> None:
+    gen = th.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = grad_scale * th.randn(p.shape, generator=gen)
+
+
+def _steps(make_opt, native_allowed: bool, monkeypatch: pytest.MonkeyPatch, grad_scale: float, n: int = 3):
+    """``n`` clipped steps of a fresh optimizer: the norms, and every tensor the steps wrote."""
+    with monkeypatch.context() as m:
+        if not native_allowed:
+            m.setattr(clipped_step_module, "native_step_lists", lambda *args: None)
+        params = _model_params(0)
+        opt = make_opt(params)
+        norms = []
+        for i in range(n):
+            _set_grads(params, i, grad_scale)
+            norms.append(clipped_step(opt, params, max_norm=1.0))
+        written = [t.detach().clone() for p in params for t in (p, p.grad, *opt.state[p].values())]
+        return th.stack(norms), written, native_step_lists(opt, params) is not None
+
+
+@pytest.fixture
+def kernels_loaded() -> None:
+    if not cpu_kernels.load():
+        pytest.skip("the package's CPU kernels could not be built here")
+
+
+@native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-3])
+@pytest.mark.parametrize("grad_scale", [10.0, 1e-3])
+def test_the_native_step_writes_what_torchs_fused_adamw_writes(
+    kernels_loaded: None, monkeypatch: pytest.MonkeyPatch, threads: int, weight_decay: float, grad_scale: float
+) -> None:
+    """Clipped (a large gradient) and not: the same norms, parameters, clipped gradients, moments and
+    step counts, bit for bit, after three steps (the first makes the state, in torch's step)."""
+    make = lambda ps: th.optim.AdamW(ps, lr=1e-2, weight_decay=weight_decay, fused=True)
+    before = th.get_num_threads()
+    th.set_num_threads(threads)
+    try:
+        norms, written, ran = _steps(make, True, monkeypatch, grad_scale)
+        expected_norms, expected, _ = _steps(make, False, monkeypatch, grad_scale)
+    finally:
+        th.set_num_threads(before)
+    assert ran
+    assert th.equal(norms, expected_norms)
+    assert all(th.equal(have, want) for have, want in zip(written, expected, strict=True))
+
+
+NOT_NATIVE = {
+    "foreach": lambda ps: th.optim.AdamW(ps, foreach=True),
+    "amsgrad": lambda ps: th.optim.AdamW(ps, fused=True, amsgrad=True),
+    "maximize": lambda ps: th.optim.AdamW(ps, fused=True, maximize=True),
+    "adam": lambda ps: th.optim.Adam(ps, fused=True),
+    "two_groups": lambda ps: th.optim.AdamW([{"params": ps[:2]}, {"params": ps[2:], "lr": 1e-4}], fused=True),
+    "tensor_lr": lambda ps: th.optim.AdamW(ps, lr=th.tensor(1e-3), fused=True),
+}
+
+
+@native
+@pytest.mark.parametrize("name", NOT_NATIVE)
+def test_other_optimizers_take_torchs_step(kernels_loaded: None, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    norms, written, ran = _steps(NOT_NATIVE[name], True, monkeypatch, 10.0)
+    expected_norms, expected, _ = _steps(NOT_NATIVE[name], False, monkeypatch, 10.0)
+    assert not ran
+    assert th.equal(norms, expected_norms)
+    assert all(th.equal(have, want) for have, want in zip(written, expected, strict=True))
+
+
+@native
+def test_step_hooks_and_replaced_steps_are_honoured(kernels_loaded: None) -> None:
+    """A hook on the optimizer, a global one, or a ``step`` replaced on the instance (as torch's LR
+    schedulers wrap it) sends the step through ``optimizer.step()``, where they run."""
+    params = _model_params(0)
+    opt = th.optim.AdamW(params, fused=True)
+    _set_grads(params, 0, 1.0)
+    clipped_step(opt, params, 1.0)  # the state
+    assert native_step_lists(opt, params) is not None
+    calls = []
+    handle = opt.register_step_pre_hook(lambda *args: calls.append("pre"))
+    clipped_step(opt, params, 1.0)
+    handle.remove()
+    handle = register_optimizer_step_post_hook(lambda *args: calls.append("global post"))
+    try:
+        clipped_step(opt, params, 1.0)
+    finally:
+        handle.remove()
+    scheduler = th.optim.lr_scheduler.StepLR(opt, step_size=1)
+    assert native_step_lists(opt, params) is None  # its wrapper counts the steps
+    clipped_step(opt, params, 1.0)
+    scheduler.step()
+    assert calls == ["pre", "global post"]
+
+
+@native
+def test_tensors_the_kernel_cannot_step_go_to_torch(kernels_loaded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-contiguous parameter: the kernel declines before writing anything, and torch's step runs."""
+
+    def steps(allowed: bool) -> list[th.Tensor]:
+        with monkeypatch.context() as m:
+            if not allowed:
+                m.setattr(clipped_step_module, "native_step_lists", lambda *args: None)
+            gen = th.Generator().manual_seed(0)
+            params = [th.nn.Parameter(th.randn(40, 33, generator=gen).t()), th.nn.Parameter(th.randn(7, generator=gen))]
+            opt = th.optim.AdamW(params, fused=True)
+            for i in range(3):
+                for j, p in enumerate(params):
+                    p.grad = th.full_like(p, float(i + j + 1))
+                clipped_step(opt, params, 1.0)
+            assert native_step_lists(opt, params) is not None  # the group qualifies; the tensors do not
+            return [t.detach().clone() for p in params for t in (p, *opt.state[p].values())]
+
+    assert all(th.equal(a, b) for a, b in zip(steps(True), steps(False), strict=True))

@@ -90,12 +90,14 @@ def test_builds_are_named_per_instruction_set_torch_version_and_sources(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.skipif(th.backends.cpu.get_cpu_capability() != "AVX512", reason="needs an AVX-512 CPU to try its AVX2 build too")
-def test_the_avx2_build_computes_the_same_attention_and_masks() -> None:
+def test_the_avx2_build_computes_the_same_attention_masks_and_step() -> None:
     # torch runs its AVX2 kernels under ATEN_CPU_CAPABILITY=avx2, and the package builds to match;
-    # its dropout mask has no vector path there, and must draw the same elements.
+    # its dropout mask has no vector path there, and must draw the same elements; its AdamW step
+    # must write what torch's AVX2 fused AdamW writes, bit for bit.
     code = """
         import torch as th
         from torch.nn import functional as F
+        from sb3_amago import clipped_step
         from sb3_amago.nets import cpu_attention, cpu_kernels, dropout
         assert th.backends.cpu.get_cpu_capability() == "AVX2" and cpu_kernels.load()
         gen = th.Generator().manual_seed(0)
@@ -105,6 +107,21 @@ def test_the_avx2_build_computes_the_same_attention_and_masks() -> None:
         key = dropout.draw_key(th.device("cpu"))
         like = th.empty(3, 37, 29)
         assert th.equal(dropout.keep_mask(like.shape, 0.1, th.float32, like.device, key), dropout.traced_keep_mask(like, 0.1, key))
+        def steps(native):
+            step_gen = th.Generator().manual_seed(1)
+            params = [th.nn.Parameter(th.randn(s, generator=step_gen)) for s in ((300, 129), (37,))]
+            opt = th.optim.AdamW(params, fused=True)
+            kept = clipped_step.native_step_lists
+            if not native:
+                clipped_step.native_step_lists = lambda *args: None
+            for _ in range(3):
+                for p in params:
+                    p.grad = 5 * th.randn(p.shape, generator=step_gen)
+                clipped_step.clipped_step(opt, params, 1.0)
+            clipped_step.native_step_lists = kept
+            assert (kept(opt, params) is not None) and cpu_kernels.loaded()
+            return [t for p in params for t in (p.detach(), *opt.state[p].values())]
+        assert all(th.equal(a, b) for a, b in zip(steps(True), steps(False)))
         print("ok")
     """
     result = _run(code, ATEN_CPU_CAPABILITY="avx2")

@@ -7,6 +7,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <optional>
 
 #include <tuple>
 #include <vector>
@@ -18,6 +19,11 @@ at::Tensor dropout_keep_mask(const at::Tensor& like, const at::Tensor& key, int6
 bool cache_freed_blocks(int64_t cap_bytes);
 void release_freed_blocks();
 std::vector<int64_t> freed_block_stats();
+std::optional<at::Tensor> clipped_adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                                             const std::vector<at::Tensor>& exp_avgs,
+                                             const std::vector<at::Tensor>& exp_avg_sqs,
+                                             const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
+                                             double weight_decay, double eps, double max_norm);
 
 namespace {
 
@@ -155,4 +161,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_freed_blocks", &cache_freed_blocks, "the freed-block cache in front of torch's CPU allocator, with a cap in bytes: whether in use");
   m.def("release_freed_blocks", &release_freed_blocks, "the freed-block cache's blocks back to the C library");
   m.def("freed_block_stats", &freed_block_stats, "the freed-block cache's (bytes held, hits, misses)");
+  m.def("clipped_adamw_step", &clipped_adamw_step, "AdamW's step on gradients clipped to a total norm (see cpu_adamw.cpp): the norm, or None where it cannot run",
+        py::call_guard<py::gil_scoped_release>());
 }

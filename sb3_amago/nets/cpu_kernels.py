@@ -11,7 +11,8 @@ error if they cannot be built); ``torch`` never builds them. :func:`load` builds
 model with a Transformer calls it (:class:`~sb3_amago.AMAGO`), before anything is compiled.
 
 The build also holds the cache of freed blocks that :func:`sb3_amago.cpu_memory.keep_freed_memory`
-puts in front of torch's CPU allocator (``cpu_block_cache.cpp``), and C++ kernels for the package's
+puts in front of torch's CPU allocator (``cpu_block_cache.cpp``), the clipped AdamW step that
+:func:`sb3_amago.clipped_step.clipped_step` runs for the default optimizer (``cpu_adamw.cpp``), and C++ kernels for the package's
 operators on the CPU (``sb3_amago::leaky_relu``, ``linear_leaky_relu``, ``dropout_key``,
 ``dropout_keep_mask``, ``causal_attention``, ``causal_attention_backward`` and ``stack_projection``), which :func:`load` registers over their
 Python kernels: a compiled update calls them from inductor's C++ wrapper without entering Python
@@ -34,10 +35,10 @@ ENV_VARIABLE = "SB3_AMAGO_CPU_KERNELS"
 #: Its name before the dropout mask joined the attention kernel; set, it is an error that names the new one.
 OLD_ENV_VARIABLE = "SB3_AMAGO_CPU_ATTENTION"
 CHOICES = ("auto", "native", "torch")
-#: The sources of the build: the two kernels, the freed-block cache and their Python module.
+#: The sources of the build: the two kernels, the freed-block cache, the AdamW step and their Python module.
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("cpu_attention.cpp", "cpu_dropout.cpp", "cpu_block_cache.cpp", "cpu_kernels.cpp")
+    for name in ("cpu_attention.cpp", "cpu_dropout.cpp", "cpu_block_cache.cpp", "cpu_adamw.cpp", "cpu_kernels.cpp")
 ]
 #: Compiler flags for each CPU capability torch reports (``torch.backends.cpu.get_cpu_capability``):
 #: the instructions and the ``at::vec`` implementation that torch's own kernels use there.
@@ -174,7 +175,7 @@ def loaded() -> bool:
 
 def kernels() -> ModuleType:
     """The loaded build's Python module (``attention_forward``, ``attention_backward``, ``dropout_keep_mask``,
-    ``register_operators``, and the freed-block cache's ``cache_freed_blocks``, ``release_freed_blocks``
+    ``register_operators``, ``clipped_adamw_step``, and the freed-block cache's ``cache_freed_blocks``, ``release_freed_blocks``
     and ``freed_block_stats``)."""
     if _kernels is None:
         raise RuntimeError("sb3_amago's CPU kernels are not loaded: call sb3_amago.nets.cpu_kernels.load() first.")

@@ -79,9 +79,12 @@ def native_step_lists(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor]
     given = [p for p in params if p.grad is not None]
     if len(stepped) != len(given) or any(a is not b for a, b in zip(stepped, given, strict=True)):
         return None
-    states = [optimizer.state.get(p) for p in stepped]
-    if not all(state and "step" in state for state in states):
-        return None
+    states = []
+    for p in stepped:
+        state = optimizer.state.get(p)
+        if not state or "step" not in state:
+            return None
+        states.append(state)
     return [
         stepped,
         [p.grad for p in stepped],

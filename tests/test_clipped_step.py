@@ -117,8 +117,8 @@ def test_total_grad_norm() -> None:
 # ----------------------------------------------------------------------------------------------------
 native = pytest.mark.skipif(not cpu_kernels.buildable(), reason="the package's CPU kernels are built for AVX2 or AVX-512 CPUs")
 
-#: Sizes with and without a tail shorter than a vector, above and below torch's parallel grain (32,768).
-NATIVE_SHAPES = [(33, 7), (5,), (64, 64), (3, 1, 9), (300, 129), (512, 256), (16,)]
+#: Sizes with and without a tail shorter than a vector, below, at and above torch's parallel grain (32,768).
+NATIVE_SHAPES = [(33, 7), (5,), (64, 64), (3, 1, 9), (300, 129), (512, 256), (16,), (128, 256)]
 
 
 def _model_params(seed: int) -> list[th.nn.Parameter]:

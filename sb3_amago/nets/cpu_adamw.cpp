@@ -140,12 +140,13 @@ std::optional<at::Tensor> clipped_adamw_step(const std::vector<at::Tensor>& para
   const int64_t n = static_cast<int64_t>(params.size());
   const int64_t n_threads = at::get_num_threads();
 
-  // The norms: a gradient torch's reduction would split over the threads keeps that reduction (its sum
-  // in that order); the rest are summed one per thread in one region, as torch sums them alone.
+  // The norms: a gradient torch's reduction would split over the threads (from its grain size on) keeps
+  // that reduction (its sum in that order); the rest are summed one per thread in one region, as torch
+  // sums them alone.
   std::vector<at::Tensor> norms(n);
   std::vector<int64_t> small;
   for (int64_t i = 0; i < n; ++i) {
-    if (grads[i].numel() > at::internal::GRAIN_SIZE)
+    if (grads[i].numel() >= at::internal::GRAIN_SIZE)
       norms[i] = at::linalg_vector_norm(grads[i], 2);
     else
       small.push_back(i);

@@ -57,10 +57,14 @@ def native_step_lists(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor]
     ``AdamW`` with one parameter group at its arithmetic's defaults (no AMSGrad, ``maximize``,
     ``capturable``, ``differentiable``) and numbers for its settings; a step hook is registered
     (on it or globally) or its ``step`` is replaced (as torch's LR schedulers wrap it); its state is not
-    made yet (the first step makes it); or ``params`` (those with a gradient) are not the group's
-    parameters with a gradient, in order. The kernel checks the tensors themselves (contiguous fp32 CPU
-    tensors) and leaves the step to torch where they are not."""
+    made yet (the first step makes it); ``params`` (those with a gradient) are not the group's
+    parameters with a gradient, in order; or a torch dispatch or function mode is active (a
+    ``FlopCounterMode``, an operator counter, ``with torch.device(...)``): it would not see the work the
+    kernel does on its threads. The kernel checks the tensors themselves (contiguous fp32 CPU tensors)
+    and leaves the step to torch where they are not."""
     if not cpu_kernels.loaded() or type(optimizer) is not th.optim.AdamW or "step" in vars(optimizer):
+        return None
+    if th._C._len_torch_dispatch_stack() > 0 or th._C._len_torch_function_stack() > 0:
         return None
     hooks = (
         getattr(optimizer, "_optimizer_step_pre_hooks", None),

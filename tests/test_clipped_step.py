@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch as th
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago import clipped_step as clipped_step_module
 from sb3_amago.clipped_step import clipped_step, native_step_lists, takes_grad_scale, total_grad_norm
@@ -218,6 +219,32 @@ def test_step_hooks_and_replaced_steps_are_honoured(kernels_loaded: None) -> Non
     clipped_step(opt, params, 1.0)
     scheduler.step()
     assert calls == ["pre", "global post"]
+
+
+@native
+def test_under_a_dispatch_or_function_mode_torchs_step_runs(kernels_loaded: None) -> None:
+    """A mode that watches operators (here one that records them) sees the whole step: torch's."""
+    params = _model_params(0)
+    opt = th.optim.AdamW(params, fused=True)
+    _set_grads(params, 0, 1.0)
+    clipped_step(opt, params, 1.0)  # the state
+    assert native_step_lists(opt, params) is not None
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder() as recorder:
+        assert native_step_lists(opt, params) is None
+        clipped_step(opt, params, 1.0)
+    assert "aten._fused_adamw_.default" in recorder.ops
+    with th.device("cpu"):
+        assert native_step_lists(opt, params) is None
 
 
 @native

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch as th
+from op_log import OpLog
 from torch.nn import functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_amago.nets import cpu_attention, cpu_kernels, make_traj_encoder
 from sb3_amago.nets.rotary import apply_rotary, rotary_tables
@@ -179,25 +179,11 @@ def test_queries_keys_and_values_apart_are_stacked_by_one_opaque_operator() -> N
     assert "sb3_amago.stack_projection" in graphs[0] and "torch.stack" not in graphs[0]
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, tuple]] = []
-
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _ in self.calls]
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.calls.append((str(func), args))
-        return func(*args, **(kwargs or {}))
-
-
 @needs_kernel
 def test_the_transformers_training_pass_runs_the_kernel_forward_and_backward(kernel: None) -> None:
     encoder = make_traj_encoder("transformer", 5, 6, n_layers=2, d_model=16, n_heads=2, d_ff=16).train()
     x, time_idx = th.randn(2, 6, 5), th.arange(6).repeat(2, 1)
-    with _Ops() as ops:
+    with OpLog() as ops:
         encoder(x, time_idx, th.ones(2, 6, dtype=th.bool)).sum().backward()
     assert ops.names.count("sb3_amago.causal_attention.default") == 2  # one per layer
     assert ops.names.count("sb3_amago.causal_attention_backward.default") == 2
@@ -225,7 +211,7 @@ def test_the_eager_gradient_is_the_builds_and_gives_none_to_the_log_sum_exp_and_
 def test_set_aside_the_training_pass_takes_torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_kernels, "CHOICE", "torch")
     q, k, v = (th.randn(1, 2, 7, 16) for _ in range(3))
-    with _Ops() as ops:
+    with OpLog() as ops:
         out = causal_attention(q, k, v)
     assert not any("sb3_amago" in name for name in ops.names)
     th.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch as th
+from op_log import OpLog
 from stable_baselines3.common.env_util import make_vec_env
 from test_amago import ACTION_SPACES, CountingEnv, filled_model
 from torch.nn import functional as F
@@ -86,7 +87,7 @@ def test_one_input_for_every_member_takes_one_product(expanded: bool) -> None:
     backward (input and weight gradients), where separate inputs take one per member each."""
     x = th.randn(1 if expanded else 4, 30, 12, requires_grad=True)
     weight, b = th.randn(4, 12, 8, requires_grad=True), th.randn(4, 1, 8, requires_grad=True)
-    log = _OpLog()
+    log = OpLog()
     with log:
         ensemble_linear(x.expand(4, -1, -1), weight, b).sum().backward()
     assert sum("onednn_linear" in name for name in log.names) == (3 if expanded else 12)
@@ -113,24 +114,14 @@ def test_members_products_backward_without_a_zero_filled_ensemble_per_member() -
     assert th.equal(out, ref) and all(th.equal(mine, theirs) for mine, theirs in zip(grads, ref_grads))
     leaves = [t.clone().requires_grad_() for t in (x, weight, b)]
     out = ours(*leaves)
-    log = _OpLog()
+    log = OpLog()
     with log:
         out.sum().backward()
     assert "aten.select_backward.default" not in log.names, "indexing's backward: a zero tensor per member"
 
 
-class _OpLog(th.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _routed_to_onednn(fn) -> bool:
-    log = _OpLog()
+    log = OpLog()
     with log:
         fn()
     return any("onednn_linear" in name for name in log.names)
@@ -258,7 +249,7 @@ def test_an_update_is_the_same_with_the_route_on_or_off(monkeypatch: pytest.Monk
         env = make_vec_env(lambda: CountingEnv(action_space=ACTION_SPACES[action_space], random_length=True), n_envs=2, seed=1)
         model = filled_model(env)
         model.set_random_seed(1)
-        log = _OpLog()
+        log = OpLog()
         with log:
             model.train(gradient_steps=2, batch_size=4)
         assert any("onednn_linear" in name for name in log.names) == routed

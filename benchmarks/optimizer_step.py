@@ -3,11 +3,10 @@
 On the CPU the default AdamW's clipped step runs as one C++ call (``sb3_amago/nets/cpu_adamw.cpp``,
 the same values bit for bit as torch's fused step). Its gain, under a millisecond of a ~35 ms update,
 is below what alternating fresh processes resolves on a VM, so it is timed here inside one process:
-the reference model (``bench_updates.trained_model``) runs its own updates (sample, forward, backward,
-PopArt), and around each the clip and step are timed, the EMA of the targets after them; the step
-alternates between the C++ call and torch's (``clip_grad_norm_``'s norms, then ``optimizer.step()``)
-every 10 updates, each side first in turn. Reported: the median time of each piece per side and
-each side's mean update time.
+the reference model (``bench_updates.trained_model``) trains in rounds of 10 updates (``train``), its
+clipped step and the EMA of its targets timed around each call; the step alternates between the C++
+call and torch's (``clip_grad_norm_``'s norms, then ``optimizer.step()``) from round to round, each
+side first in turn. Reported: the median time of each piece per side and each side's mean update time.
 
     python benchmarks/optimizer_step.py --threads 2                 # eager (the defaults)
     python benchmarks/optimizer_step.py --threads 2 --compile       # the compiled update
@@ -18,11 +17,14 @@ Results: ``benchmarks/results/optimizer_step[_compiled].json`` / ``.md`` (``--na
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch as th
 from bench_updates import trained_model
 from common import RESULTS_DIR, write_results
 
+from sb3_amago import amago as amago_module
 from sb3_amago import clipped_step as clipped_step_module
 from sb3_amago.nets import cpu_kernels
 
@@ -41,43 +43,46 @@ def main() -> None:
     model = trained_model(args.length, compile_model=args.compile)
     if not cpu_kernels.loaded():
         raise SystemExit("the package's CPU kernels are not loaded here: there is no C++ step to time")
-    policy, optimizer = model.policy, model.policy.optimizer
-    params = policy.online_parameters()
     native_lists = clipped_step_module.native_step_lists
-    policy.set_training_mode(True)
-
-    def update(side: str) -> tuple[float, float]:
-        """One update of the reference model; the seconds of its clip and step, and of its EMA."""
-        clipped_step_module.native_step_lists = native_lists if side == "native" else (lambda *a: None)
-        batch = model.replay_buffer.sample(8, env=None)
-        loss, _, popart = model._update_forward(policy, batch, model.loss_config)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if popart is not None:
-            policy.popart.load(popart)
-        start = time.perf_counter()
-        clipped_step_module.clipped_step(optimizer, params, model.max_grad_norm)
-        stepped = time.perf_counter()
-        policy.update_targets(model.tau)
-        return stepped - start, time.perf_counter() - stepped
-
     step_s: dict[str, list[float]] = {side: [] for side in SIDES}
     ema_s: dict[str, list[float]] = {side: [] for side in SIDES}
     update_s: dict[str, list[float]] = {side: [] for side in SIDES}
+    timed: dict[str, list[float]] = {}  # the running round's side's lists, by piece
+
+    def timing(fn: Callable[..., Any], piece: str) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            start = time.perf_counter()
+            out = fn(*args)
+            timed[piece].append(time.perf_counter() - start)
+            return out
+
+        return run
+
+    kept_step = amago_module.clipped_step
+    amago_module.clipped_step = timing(kept_step, "step")
+    model.policy.update_targets = timing(model.policy.update_targets, "ema")  # type: ignore[method-assign]
+
+    def round_of_10(side: str) -> float:
+        """Ten updates through ``train`` with ``side``'s step; their seconds."""
+        clipped_step_module.native_step_lists = native_lists if side == "native" else (lambda *a: None)
+        timed["step"], timed["ema"] = step_s[side], ema_s[side]
+        start = time.perf_counter()
+        model.train(gradient_steps=10, batch_size=8)
+        return time.perf_counter() - start
+
     try:
-        for _ in range(10):  # warm-up of both sides
-            for side in SIDES:
-                update(side)
+        for side in SIDES:  # warm-up of both sides
+            round_of_10(side)
+        for side in SIDES:
+            step_s[side].clear()
+            ema_s[side].clear()
         for r in range(args.rounds):
             for side in SIDES if r % 2 else SIDES[::-1]:
-                start = time.perf_counter()
-                for _ in range(10):
-                    step, ema = update(side)
-                    step_s[side].append(step)
-                    ema_s[side].append(ema)
-                update_s[side].append((time.perf_counter() - start) / 10)
+                update_s[side].append(round_of_10(side) / 10)
     finally:
         clipped_step_module.native_step_lists = native_lists
+        amago_module.clipped_step = kept_step
+        del model.policy.update_targets
     figures = {}
     for side in SIDES:
         figures[f"clip_and_step_ms_{side}"] = {"value": 1e3 * statistics.median(step_s[side]), "unit": "ms (median)"}

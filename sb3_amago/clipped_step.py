@@ -111,7 +111,7 @@ def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max
         group = optimizer.param_groups[0]
         beta1, beta2 = group["betas"]
         total = cpu_kernels.kernels().clipped_adamw_step(
-            *native, group["lr"], beta1, beta2, group["weight_decay"], group["eps"], max_norm
+            *native, group["lr"], beta1, beta2, group["weight_decay"], group["eps"], max_norm, EPS
         )
         if total is not None:
             return total

@@ -128,12 +128,14 @@ bool steppable(const std::vector<at::Tensor>& params, const std::vector<at::Tens
 }
 
 // The clipped step, where `steppable`: the gradients' total norm before clipping (else nothing, and nothing
-// changed). The i-th tensor of each list belongs to the i-th parameter; steps are its step counts.
+// changed). The i-th tensor of each list belongs to the i-th parameter; steps are its step counts. The
+// gradients are divided by max(1, (norm + norm_eps) / max_norm).
 std::optional<at::Tensor> clipped_adamw_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                                              const std::vector<at::Tensor>& exp_avgs,
                                              const std::vector<at::Tensor>& exp_avg_sqs,
                                              const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
-                                             double weight_decay, double eps, double max_norm) {
+                                             double weight_decay, double eps, double max_norm,
+                                             double norm_eps) {
   using namespace adamw;
   if (!steppable(params, grads, exp_avgs, exp_avg_sqs, steps)) return std::nullopt;
   at::NoGradGuard no_grad;
@@ -156,7 +158,7 @@ std::optional<at::Tensor> clipped_adamw_step(const std::vector<at::Tensor>& para
     for (int64_t k = begin; k < end; ++k) norms[small[k]] = at::linalg_vector_norm(grads[small[k]], 2);
   });
   at::Tensor total = n ? at::linalg_vector_norm(at::stack(norms), 2) : at::zeros({});
-  at::Tensor grad_scale = at::clamp_min((total + 1e-6) / max_norm, 1.0);
+  at::Tensor grad_scale = at::clamp_min((total + norm_eps) / max_norm, 1.0);
 
   for (const auto& s : steps) *s.data_ptr<float>() += 1.0f;
 

@@ -23,7 +23,8 @@ std::optional<at::Tensor> clipped_adamw_step(const std::vector<at::Tensor>& para
                                              const std::vector<at::Tensor>& exp_avgs,
                                              const std::vector<at::Tensor>& exp_avg_sqs,
                                              const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
-                                             double weight_decay, double eps, double max_norm);
+                                             double weight_decay, double eps, double max_norm,
+                                             double norm_eps);
 
 namespace {
 

@@ -41,6 +41,7 @@ from sb3_amago.arguments import (
 from sb3_amago.buffers import TrajectoryReplayBuffer
 from sb3_amago.checkpoint import check_model_file, read_replay, run_state, set_run_state, write_atomically
 from sb3_amago.clipped_step import clipped_step
+from sb3_amago.compiled_update import compile_update
 from sb3_amago.cpu_memory import keep_freed_memory
 from sb3_amago.datasets import dataset_rollouts, write_minari_dataset
 from sb3_amago.distributed import DataParallel, SingleProcess
@@ -357,9 +358,9 @@ class AMAGO(OffPolicyAlgorithm):
         # PopArt's move and the loss (one graph: each boundary between compiled functions cost about
         # 1% of a compiled update at L = 64 on a 2-core AMD EPYC). Random draws (the target's
         # critic picks, sampled actions) come from torch's generator as in eager code, so a seed
-        # gives the eager update's values (the options: ``_compile_options``).
+        # gives the eager update's draws (the options: ``sb3_amago.compiled_update``).
         if self.compile_model:
-            self._update_forward = th.compile(update_forward, dynamic=True, options=self._compile_options())
+            self._update_forward = compile_update(update_forward, self.device)
         else:
             self._update_forward = update_forward
         self._convert_train_freq()
@@ -368,23 +369,6 @@ class AMAGO(OffPolicyAlgorithm):
         self._dist.check_collection(
             self.train_freq, n_envs=self.n_envs, gradient_steps=self.gradient_steps, learning_starts=self.learning_starts
         )
-
-    def _compile_options(self) -> dict[str, Any]:
-        """inductor's options for the compiled update on this model's device. On the CPU, the C++
-        wrapper launches the compiled kernels without Python between them (~1 ms of a 33 ms update
-        at L = 64, for ~10% more compile time), and a layer norm's mean and variance come from one
-        Welford pass over each row where inductor takes two for rows of up to 1,024 (the mean, then
-        the squares about it): 1.02x the compiled update at L = 64 and 256 on an Intel Xeon, both
-        ways alternated in one process. On CUDA, inductor's tiling analysis for coalesced loads
-        fails an assertion on this dynamic-shape graph (torch 2.11), so it is off there."""
-        import torch._inductor.config as inductor_config  # 0.8 s to import: only when compiling
-
-        options: dict[str, Any] = {"fallback_random": True, "cpp_wrapper": self.device.type == "cpu"}
-        if self.device.type == "cpu" and hasattr(inductor_config.cpp, "use_two_step_variance_threshold"):
-            options["cpp.use_two_step_variance_threshold"] = 0
-        if self.device.type == "cuda":
-            options["triton.coalesce_tiling_analysis"] = False
-        return options
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """SB3's seeding; with ``distributed``, each rank uses its own seed (see

@@ -122,6 +122,14 @@ at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, cons
   return product;
 }
 
+// sb3_amago::layer_norm_backward (layer_norm.py): torch's kernel, all three gradients.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
+                                                                   c10::SymIntArrayRef normalized_shape, const at::Tensor& mean,
+                                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                                   const at::Tensor& bias) {
+  return at::native_layer_norm_backward_symint(grad_out, input, normalized_shape, mean, rstd, weight, bias, {true, true, true});
+}
+
 // sb3_amago::dropout_key (dropout.py's draw_key)
 at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)).random_(); }
 
@@ -146,6 +154,7 @@ void register_operators() {
     library->impl("leaky_relu", &leaky_relu);
     library->impl("linear_leaky_relu", &linear_leaky_relu);
     library->impl("dropout_key", &dropout_key);
+    library->impl("layer_norm_backward", &layer_norm_backward);
     library->impl("dropout_keep_mask", &dropout_keep_mask);
     return library;
   }();

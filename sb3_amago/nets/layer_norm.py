@@ -57,23 +57,8 @@ _LIBRARY.impl("layer_norm_backward", _layer_norm_backward, "CompositeExplicitAut
 layer_norm_backward = th.ops.sb3_amago.layer_norm_backward.default
 
 
-@th.library.register_fake("sb3_amago::layer_norm_backward")
-def _(
-    grad_out: th.Tensor,
-    input: th.Tensor,
-    normalized_shape: Sequence[int],
-    mean: th.Tensor,
-    rstd: th.Tensor,
-    weight: th.Tensor,
-    bias: th.Tensor,
-) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    # torch's kernel writes each gradient contiguous, whatever the strides of its input
-    contiguous = th.contiguous_format
-    return (
-        th.empty_like(input, memory_format=contiguous),
-        th.empty_like(weight, memory_format=contiguous),
-        th.empty_like(bias, memory_format=contiguous),
-    )
+# Shapes and strides under fake tensors: torch's operator has its own fake kernel (gradients written contiguous).
+th.library.register_fake("sb3_amago::layer_norm_backward")(_layer_norm_backward)
 
 
 def takes_operator(input: th.Tensor, weight: th.Tensor | None, bias: th.Tensor | None, output_mask: Sequence[bool]) -> bool:

@@ -1,11 +1,13 @@
 """The layer norm's backward as torch's kernel in compiled CPU code (sb3_amago/nets/layer_norm.py,
 sb3_amago/compiled_update.py)."""
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch as th
+from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_function, make_boxed_func
 from torch._inductor.utils import run_and_get_code
 from torch.nn import functional as F
@@ -112,10 +114,20 @@ def test_other_layer_norms_keep_inductors_decomposition(case: str) -> None:
     th.testing.assert_close(traced, expected, **tolerance)
 
 
+def test_decomposition_table_pickles_by_name() -> None:
+    """inductor pickles the table into its caches' keys: it pickles as the call that makes it (some of
+    inductor's own entries are C++ functions, which cannot be pickled), and unpickles to the same table."""
+    table = layer_norm.inductor_decompositions()
+    restored = pickle.loads(pickle.dumps(table))
+    assert restored.keys() == table.keys()
+    assert restored[th.ops.aten.native_layer_norm_backward.default] is layer_norm._decomposed_backward
+
+
 def test_compile_update_uses_the_operator_on_the_cpu() -> None:
     """``compile_update`` compiles for the CPU with :class:`CpuInductor` (one backend per set of options),
-    and inductor's code for a layer norm's backward calls the operator."""
+    and inductor's code for a layer norm's backward calls the operator; inductor's cache can key it."""
     assert cpu_backend((("fallback_random", True),)) is cpu_backend((("fallback_random", True),))
+    counters.clear()
     x, weight, bias = _leaves(*_inputs(), grad=(True, True, True))
 
     def fn(x: th.Tensor, weight: th.Tensor, bias: th.Tensor) -> th.Tensor:
@@ -124,6 +136,7 @@ def test_compile_update_uses_the_operator_on_the_cpu() -> None:
     compiled = th.compile(fn, dynamic=True, backend=CpuInductor({"fallback_random": True}))
     _, code = run_and_get_code(lambda: compiled(x, weight, bias).sum().backward())
     assert any("sb3_amago.layer_norm_backward" in source for source in code), "the backward does not call the operator"
+    assert not counters["inductor"]["fxgraph_cache_bypass"], "inductor's cache could not key the compiled graphs"
     expected = _eager_gradients(fn, *_leaves(*_inputs(), grad=(True, True, True)))
     th.testing.assert_close((x.grad, weight.grad, bias.grad), expected)
     assert callable(compile_update(fn, th.device("cpu")))

@@ -94,11 +94,22 @@ def _decomposed_backward(
     return native_layer_norm_backward(grad_out, input, list(normalized_shape), mean, rstd, weight, bias, list(output_mask))
 
 
-def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+class DecompositionTable(dict[Any, Callable[..., Any]]):
+    """A decomposition table that pickles as the call of :func:`inductor_decompositions` that makes it.
+    inductor pickles a table given to ``compile_fx`` into its caches' keys, and some entries of its own
+    table are C++ functions that cannot be pickled: pickled whole, every compile would bypass the caches
+    and redo inductor's work in each process. What the table holds follows from torch's version and
+    inductor's configuration, which the keys hold already."""
+
+    def __reduce__(self) -> tuple[Callable[[], "DecompositionTable"], tuple[()]]:
+        return inductor_decompositions, ()
+
+
+def inductor_decompositions() -> DecompositionTable:
     """inductor's decomposition table (``select_decomp_table``, under the inductor configuration in
     force) with the layer norm's backward made the operator where :func:`takes_operator` holds."""
     from torch._inductor.decomposition import select_decomp_table  # imported only when compiling
 
-    table = dict(select_decomp_table())
+    table = DecompositionTable(select_decomp_table())
     table[th.ops.aten.native_layer_norm_backward.default] = _decomposed_backward
     return table

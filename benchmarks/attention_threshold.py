@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,15 +61,8 @@ def backend_rates(length: int, rounds: int, updates: int, compile_model: bool) -
         with torch_backend(name):
             models[name] = bench_updates.trained_model(length, compile_model=compile_model)
             models[name].train(gradient_steps=bench_updates.WARM_UP_UPDATES, batch_size=8)
-    rates: dict[str, list[float]] = {name: [] for name in BACKENDS}
-    for round_ in range(rounds):
-        order = list(BACKENDS) if round_ % 2 == 0 else list(reversed(BACKENDS))
-        for name in order:
-            with torch_backend(name):
-                start = time.perf_counter()
-                models[name].train(gradient_steps=updates, batch_size=8)
-                rates[name].append(updates / (time.perf_counter() - start))
-    return rates
+    seconds = bench_updates.alternated_update_seconds(models, rounds, updates, torch_backend)
+    return {name: [1.0 / s for s in per_update] for name, per_update in seconds.items()}
 
 
 def window_figures(length: int, rates: dict[str, list[float]]) -> dict[str, Any]:

@@ -218,6 +218,26 @@ def trained_model(
     return model
 
 
+def alternated_update_seconds(
+    models: dict[str, Any],
+    rounds: int,
+    updates: int,
+    setting: Callable[[str], contextlib.AbstractContextManager[Any]] = lambda name: contextlib.nullcontext(),
+) -> dict[str, list[float]]:
+    """Seconds per update of each of ``models`` (reference models, batch 8), trained in turn in this
+    process for ``rounds`` rounds of ``updates`` updates, in ``models``' order in even rounds and the
+    reverse in odd ones (neither side always first), each side's round inside ``setting(name)``: the
+    one-process comparison for changes smaller than this VM's moves between processes."""
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    for round_ in range(rounds):
+        for name in list(models) if round_ % 2 == 0 else list(models)[::-1]:
+            with setting(name):
+                start = time.perf_counter()
+                models[name].train(gradient_steps=updates, batch_size=8)
+                seconds[name].append((time.perf_counter() - start) / updates)
+    return seconds
+
+
 def parameters_after_updates(max_seq_len: int, n_updates: int, compile_model: bool = False) -> dict[str, th.Tensor]:
     """The reference model's state after :func:`trained_model`'s warm-up and ``n_updates`` more
     updates from its seeded start and replay (:func:`make_model` seeds the model and its envs): on

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch as th
-from bench_updates import best_seconds, module_settings, trained_model
+from bench_updates import alternated_update_seconds, best_seconds, module_settings, trained_model
 from common import git_worktree, short_commit, write_results
 from torch.nn import functional as F
 
@@ -92,15 +92,10 @@ def update_figure(length: int, rounds: int, updates: int) -> dict[str, Any]:
     with module_settings(cpu_kernels, CHOICE="torch"):
         torchs = trained_model(length, compile_model=True)
     package = trained_model(length, compile_model=True)
-    times: dict[str, list[float]] = {"torch": [], "package": []}
-    for round_ in range(rounds):
-        order = ["torch", "package"] if round_ % 2 == 0 else ["package", "torch"]
-        for name in order:
-            model, choice = (torchs, "torch") if name == "torch" else (package, cpu_kernels.CHOICE)
-            with module_settings(cpu_kernels, CHOICE=choice):
-                start = time.perf_counter()
-                model.train(gradient_steps=updates, batch_size=8)
-                times[name].append((time.perf_counter() - start) / updates)
+    choices = {"torch": "torch", "package": cpu_kernels.CHOICE}
+    times = alternated_update_seconds(
+        {"torch": torchs, "package": package}, rounds, updates, lambda name: module_settings(cpu_kernels, CHOICE=choices[name])
+    )
     ratios = [t / p for t, p in zip(times["torch"], times["package"])]
     return {
         "value": round(statistics.median(ratios), 4),

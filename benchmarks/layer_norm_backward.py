@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch as th
-from bench_updates import trained_model
+from bench_updates import alternated_update_seconds, trained_model
 from common import RESULTS_DIR, write_results
 
 from sb3_amago.compiled_update import inductor_options
@@ -91,12 +91,7 @@ def inside_updates(length: int, rounds: int, updates: int) -> dict[str, dict[str
     models = {"package": package, "plain_inductor": plain}
     for model in models.values():
         model.train(gradient_steps=updates, batch_size=BATCH)
-    seconds: dict[str, list[float]] = {name: [] for name in models}
-    for r in range(rounds):
-        for name in list(models) if r % 2 else list(models)[::-1]:
-            start = time.perf_counter()
-            models[name].train(gradient_steps=updates, batch_size=BATCH)
-            seconds[name].append((time.perf_counter() - start) / updates)
+    seconds = alternated_update_seconds(models, rounds, updates)
     ratios = [p / n for p, n in zip(seconds["plain_inductor"], seconds["package"], strict=True)]
     return {
         "update_ms_package": {"value": round(1e3 * statistics.median(seconds["package"]), 2), "unit": "ms (median)"},

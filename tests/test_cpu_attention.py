@@ -154,8 +154,9 @@ def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None, cpp_
         assert all(th.equal(a, b) for a, b in zip(eager, traced))
 
 
-def test_queries_keys_and_values_apart_are_stacked_by_one_opaque_operator() -> None:
-    # The bf16 path's stack into a projection: its values and gradients are the stack's, eager and
+@needs_kernel
+def test_queries_keys_and_values_apart_are_stacked_by_one_opaque_operator(kernel: None) -> None:
+    # The bf16 path's stack into a projection (its gradient is the build's): its values and gradients are the stack's, eager and
     # compiled, and the compiled graph keeps it as one operator (inductor's own code for that stack
     # was wrong on one thread in torch 2.13).
     gen = th.Generator().manual_seed(3)

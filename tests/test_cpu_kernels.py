@@ -137,7 +137,10 @@ CPP_OPERATORS = (
     "linear_leaky_relu",
     "dropout_key",
     "dropout_keep_mask",
+    "rotary_tables",
 )
+#: Those whose autograd on the CPU the build holds in C++ (torch.library's is Python).
+CPP_AUTOGRAD_OPERATORS = ("causal_attention", "causal_attention_backward", "stack_projection", "rotary_tables")
 
 
 def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels_values() -> None:
@@ -145,7 +148,7 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
     # (no Python on the way), whatever was imported first, and get what the Python kernel returns.
     from torch.nn import functional as F
 
-    from sb3_amago.nets import activations, cpu_attention, dropout
+    from sb3_amago.nets import activations, cpu_attention, dropout, rotary
 
     if not cpu_kernels.load():
         pytest.skip("the package's CPU kernels are not built on this machine")
@@ -188,6 +191,37 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
     projection.requires_grad_(True)
     cpu_attention.projection_attention(projection, (cos, sin)).backward(grad)
     assert th.equal(projection.grad, cpu_kernels.kernels().attention_backward(grad, projection.detach(), cos, sin, out, lse))
+    time_idx = th.randint(0, 1000, (3, 11), generator=gen)
+    for table, expected_table in zip(ops.rotary_tables(time_idx, 16, rotary.ROTARY_BASE), rotary.rotary_tables(time_idx, 16)):
+        assert th.equal(table, expected_table) and table.shape == (3, 1, 11, 16)
+
+
+def test_the_autograd_of_the_operators_that_run_only_with_the_build_is_the_builds() -> None:
+    # A compiled update calls the operators with autograd's dispatch key in force: on the CPU it must
+    # find C++ there too (no Python on the way), with the gradient of the projection's stack, and an
+    # error for a backward through the two without a gradient, as torch.library's Python gives.
+    if not cpu_kernels.load():
+        pytest.skip("the package's CPU kernels are not built on this machine")
+    for name in CPP_AUTOGRAD_OPERATORS:
+        lines = [line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith("AutogradCPU:")]
+        assert len(lines) == 1 and "cpu_kernels.cpp" in lines[0], (name, lines)
+    ops = th.ops.sb3_amago
+    gen = th.Generator().manual_seed(2)
+    q, k, v = (th.randn(2, 4, 9, 8, generator=gen, requires_grad=True) for _ in range(3))
+    projection = ops.stack_projection(q, k, v)
+    grad = th.randn(projection.shape, generator=gen)
+    projection.backward(grad)
+    for given, part in zip((q, k, v), grad.unbind(2)):  # views of the projection's gradient
+        assert th.equal(given.grad, part.transpose(1, 2))
+
+    # Without a gradient of their own: a backward through them is an error, as with torch.library's.
+    cos, sin = ops.rotary_tables(th.arange(9).repeat(2, 1), 8, 10_000.0)
+    assert not cos.requires_grad and not sin.requires_grad
+    qkv = projection.detach().requires_grad_(True)
+    out, lse = ops.causal_attention(qkv.detach(), cos, sin)
+    backward = ops.causal_attention_backward(th.randn(out.shape, generator=gen), qkv, cos, sin, out, lse)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        backward.sum().backward()
 
 
 @pytest.mark.parametrize("dtype", [th.float32, th.float64])

@@ -20,7 +20,10 @@ also registers the operator's gradient, its only one (``cpu_kernels.cpp``, ``Cau
 the inputs and both outputs saved, :func:`causal_attention_backward` of the output's gradient, none for
 the log-sum-exp (saved for the backward, not trained through) or the rotary tables (functions of time
 indices). In C++, an eager update's three attention gradients run without Python (1.01x the eager update
-at L = 64 on one thread); traced, it records the same two operators.
+at L = 64 on one thread); traced, it records the same two operators. :func:`stack_projection`'s gradient
+(the projection's gradient split into views) is the build's too, and a backward through
+:func:`causal_attention_backward` is an error there, as torch.library makes it: none of the three enters
+Python on the CPU.
 """
 
 from typing import Any
@@ -91,14 +94,6 @@ def stack_projection(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
 def _(q: th.Tensor, k: th.Tensor, v: th.Tensor) -> th.Tensor:
     batch, heads, length, width = q.shape
     return q.new_empty(batch, length, 3, heads, width)
-
-
-def _stack_backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-    dq, dk, dv = (part.transpose(1, 2) for part in grad.unbind(2))  # views of the projection's gradient
-    return dq, dk, dv
-
-
-stack_projection.register_autograd(_stack_backward)
 
 
 def causal_attention(q: th.Tensor, k: th.Tensor, v: th.Tensor, rotary: tuple[th.Tensor, th.Tensor] | None = None) -> th.Tensor:

@@ -1,6 +1,8 @@
 // The Python module of the package's CPU kernels (sb3_amago/nets/cpu_kernels.py): one build of
-// cpu_attention.cpp, cpu_dropout.cpp and cpu_block_cache.cpp, and the CPU kernels of the package's operators in C++.
+// cpu_attention.cpp, cpu_dropout.cpp, cpu_block_cache.cpp and cpu_adamw.cpp, and the CPU kernels of the package's
+// operators in C++.
 
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -77,6 +79,28 @@ at::Tensor stack_projection(const at::Tensor& q, const at::Tensor& k, const at::
   return at::stack({q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)}, 2);
 }
 
+// sb3_amago::stack_projection's autograd on the CPU, its only one (the operator runs only with this build,
+// under causal_attention): the projection's gradient split into views of its queries', keys' and values'.
+class StackProjectionFunction : public torch::autograd::Function<StackProjectionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("sb3_amago::stack_projection", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return op.call(q, k, v);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    auto parts = grads[0].unbind(2);
+    return {parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)};
+  }
+};
+
+at::Tensor stack_projection_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return StackProjectionFunction::apply(q, k, v);
+}
+
 // sb3_amago::leaky_relu (activations.py)
 at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) { return at::leaky_relu(x, negative_slope); }
 
@@ -122,6 +146,15 @@ at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, cons
   return product;
 }
 
+// sb3_amago::rotary_tables (rotary.py): the cosines and signed sines per feature, (B, 1, L, d_head).
+std::tuple<at::Tensor, at::Tensor> rotary_tables(const at::Tensor& time_idx, int64_t d_head, double base) {
+  const int64_t half = d_head / 2;
+  const at::Tensor freqs = at::pow(base, -at::arange(half, time_idx.options().dtype(at::kFloat)) / half);
+  const at::Tensor angles = time_idx.to(at::kFloat).unsqueeze(-1) * freqs;  // (B, L, half)
+  const at::Tensor cos = angles.cos(), sin = angles.sin();
+  return {at::cat({cos, cos}, -1).unsqueeze(1), at::cat({-sin, sin}, -1).unsqueeze(1)};
+}
+
 // sb3_amago::layer_norm_backward (layer_norm.py): torch's kernel, all three gradients.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
                                                                    c10::SymIntArrayRef normalized_shape, const at::Tensor& mean,
@@ -134,15 +167,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Ten
 at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.options().dtype(at::kLong)).random_(); }
 
 // Registers the kernels above on the CPU dispatch key, where they take precedence over the operators'
-// Python kernels (registered for every device, CompositeExplicitAutograd), and causal_attention's autograd
-// on the AutogradCPU key, where it takes precedence over what torch.library registers for an operator
-// without a formula (for the Autograd alias: an error on the backward). Once per process; the registrations
-// are kept until the process ends (never destroyed, so no static destructor runs them off after the
-// dispatcher is gone).
+// Python kernels (registered for every device, CompositeExplicitAutograd), and on the AutogradCPU key the
+// autograd of the operators that run only with this build (causal_attention, stack_projection) and, for
+// the two without a gradient, torch's C++ fallback, which like what torch.library registers for the
+// Autograd alias makes a backward through them an error. There they take precedence over torch.library's
+// Python, so compiled code calls these operators without entering it. (leaky_relu and linear_leaky_relu keep
+// their Python formulas, which also serve compiled code without this build: docs/design.md.) Once per
+// process; the registrations are kept until the process ends (never destroyed, so no static destructor
+// runs them off after the dispatcher is gone).
 void register_operators() {
   static torch::Library* autograd = [] {
     auto* library = new torch::Library(torch::Library::IMPL, "sb3_amago", c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);
     library->impl("causal_attention", &causal_attention_autograd);
+    library->impl("causal_attention_backward", torch::autograd::autogradNotImplementedFallback());
+    library->impl("stack_projection", &stack_projection_autograd);
+    library->impl("rotary_tables", torch::autograd::autogradNotImplementedFallback());
     return library;
   }();
   (void)autograd;
@@ -154,6 +193,7 @@ void register_operators() {
     library->impl("leaky_relu", &leaky_relu);
     library->impl("linear_leaky_relu", &linear_leaky_relu);
     library->impl("dropout_key", &dropout_key);
+    library->impl("rotary_tables", &rotary_tables);
     library->impl("layer_norm_backward", &layer_norm_backward);
     library->impl("dropout_keep_mask", &dropout_keep_mask);
     return library;

@@ -14,10 +14,11 @@ The build also holds the cache of freed blocks that :func:`sb3_amago.cpu_memory.
 puts in front of torch's CPU allocator (``cpu_block_cache.cpp``), the clipped AdamW step that
 :func:`sb3_amago.clipped_step.clipped_step` runs for the default optimizer (``cpu_adamw.cpp``), and C++ kernels for the package's
 operators on the CPU (``sb3_amago::leaky_relu``, ``linear_leaky_relu``, ``dropout_key``,
-``dropout_keep_mask``, ``causal_attention``, ``causal_attention_backward``, ``stack_projection`` and
-``layer_norm_backward``), which :func:`load` registers over their
+``dropout_keep_mask``, ``causal_attention``, ``causal_attention_backward``, ``stack_projection``,
+``rotary_tables`` and ``layer_norm_backward``), which :func:`load` registers over their
 Python kernels: a compiled update calls them from inductor's C++ wrapper without entering Python
-(1.02x the compiled update at L = 64 on an Intel Xeon, the same values). Without the build the
+(1.02x the compiled update at L = 64 on an Intel Xeon, the same values). It registers the autograd of
+the operators that run only with the build in C++ too (``cpu_kernels.cpp``). Without the build the
 Python kernels run, with the same values.
 """
 

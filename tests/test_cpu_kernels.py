@@ -143,6 +143,12 @@ CPP_OPERATORS = (
 CPP_AUTOGRAD_OPERATORS = ("causal_attention", "causal_attention_backward", "stack_projection", "rotary_tables")
 
 
+def _assert_kernel_is_the_builds(name: str, dispatch_key: str) -> None:
+    """The dispatcher's one kernel of ``sb3_amago::<name>`` on ``dispatch_key`` is registered by the build."""
+    lines = [line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith(f"{dispatch_key}:")]
+    assert len(lines) == 1 and "cpu_kernels.cpp" in lines[0], (name, lines)
+
+
 def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels_values() -> None:
     # Compiled code calls an operator through the dispatcher: on the CPU it must find the C++ kernel
     # (no Python on the way), whatever was imported first, and get what the Python kernel returns.
@@ -153,8 +159,7 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
     if not cpu_kernels.load():
         pytest.skip("the package's CPU kernels are not built on this machine")
     for name in CPP_OPERATORS:
-        cpu_lines = [line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith("CPU:")]
-        assert len(cpu_lines) == 1 and "cpu_kernels.cpp" in cpu_lines[0], (name, cpu_lines)
+        _assert_kernel_is_the_builds(name, "CPU")
     ops = th.ops.sb3_amago
     gen = th.Generator().manual_seed(0)
     x = th.randn(3, 7, 5, generator=gen)
@@ -203,8 +208,7 @@ def test_the_autograd_of_the_operators_that_run_only_with_the_build_is_the_build
     if not cpu_kernels.load():
         pytest.skip("the package's CPU kernels are not built on this machine")
     for name in CPP_AUTOGRAD_OPERATORS:
-        lines = [line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith("AutogradCPU:")]
-        assert len(lines) == 1 and "cpu_kernels.cpp" in lines[0], (name, lines)
+        _assert_kernel_is_the_builds(name, "AutogradCPU")
     ops = th.ops.sb3_amago
     gen = th.Generator().manual_seed(2)
     q, k, v = (th.randn(2, 4, 9, 8, generator=gen, requires_grad=True) for _ in range(3))

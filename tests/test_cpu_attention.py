@@ -156,9 +156,9 @@ def test_compiled_calls_take_the_eager_values_at_every_length(kernel: None, cpp_
 
 @needs_kernel
 def test_queries_keys_and_values_apart_are_stacked_by_one_opaque_operator(kernel: None) -> None:
-    # The bf16 path's stack into a projection (its gradient is the build's): its values and gradients are the stack's, eager and
-    # compiled, and the compiled graph keeps it as one operator (inductor's own code for that stack
-    # was wrong on one thread in torch 2.13).
+    # The bf16 path's stack into a projection (its gradient is the build's): its values and gradients
+    # are the stack's, eager and compiled, and the compiled graph keeps it as one operator (inductor's
+    # own code for that stack was wrong on one thread in torch 2.13).
     gen = th.Generator().manual_seed(3)
     q, k, v = (th.randn(2, 3, 9, 16, generator=gen) for _ in range(3))
     weights = th.randn(2, 9, 3, 3, 16, generator=gen)

@@ -205,6 +205,8 @@ def test_the_autograd_of_the_operators_that_run_only_with_the_build_is_the_build
     # A compiled update calls the operators with autograd's dispatch key in force: on the CPU it must
     # find C++ there too (no Python on the way), with the gradient of the projection's stack, and an
     # error for a backward through the two without a gradient, as torch.library's Python gives.
+    from sb3_amago.nets.rotary import ROTARY_BASE
+
     if not cpu_kernels.load():
         pytest.skip("the package's CPU kernels are not built on this machine")
     for name in CPP_AUTOGRAD_OPERATORS:
@@ -219,7 +221,7 @@ def test_the_autograd_of_the_operators_that_run_only_with_the_build_is_the_build
         assert th.equal(given.grad, part.transpose(1, 2))
 
     # Without a gradient of their own: a backward through them is an error, as with torch.library's.
-    cos, sin = ops.rotary_tables(th.arange(9).repeat(2, 1), 8, 10_000.0)
+    cos, sin = ops.rotary_tables(th.arange(9).repeat(2, 1), 8, ROTARY_BASE)
     assert not cos.requires_grad and not sin.requires_grad
     qkv = projection.detach().requires_grad_(True)
     out, lse = ops.causal_attention(qkv.detach(), cos, sin)

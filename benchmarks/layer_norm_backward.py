@@ -8,11 +8,10 @@ into two passes. Two measurements:
 - alone: torch's kernel and inductor's compiled decomposition of one layer norm's backward at the
   Transformer's feed-forward norm, ``(B * (L + 1), 512)``, each the median of ``--repeats`` calls, with
   warm caches and after a 64 MB pass that flushes them;
-- inside the update: two reference models (``bench_updates.trained_model``) in this process, one
-  compiled as the package does and one with plain inductor and the same options
-  (``compiled_update.inductor_options``), trained alternately for ``--rounds`` rounds of ``--updates``
-  updates, each side first in turn: the median of the per-round ratios and the rounds the package's
-  side was faster. One process, because this VM's speed moves between processes by more than the change.
+- inside the update: the package's compiled update against the same without the table's layer-norm
+  entry, whose graph then decomposes the backward as inductor does, alternated in one process
+  (``table_entries.py``): the median of the per-round ratios and the rounds the package's side was
+  faster.
 
     python benchmarks/layer_norm_backward.py --threads 2 --length 64
     python benchmarks/layer_norm_backward.py --threads 2 --length 256 --rounds 12 --updates 4
@@ -26,17 +25,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import table_entries
 import torch as th
-from bench_updates import alternated_update_seconds, trained_model
 from common import RESULTS_DIR, write_results
 
 from sb3_amago.compiled_update import inductor_options
-from sb3_amago.loss import update_forward
 
 #: The Transformer's feed-forward width at the reference settings (its widest layer norm).
 WIDTH = 512
 #: Batch of the reference update.
 BATCH = 8
+#: The operator whose entry in the package's table this benchmark is about.
+LAYER_NORM_BACKWARD = th.ops.aten.native_layer_norm_backward.default
 
 
 def median_us(fn: Callable[[], Any], repeats: int, flush: th.Tensor | None) -> float:
@@ -83,31 +83,6 @@ def alone(length: int, repeats: int) -> dict[str, dict[str, Any]]:
     return figures
 
 
-def inside_updates(length: int, rounds: int, updates: int) -> dict[str, dict[str, Any]]:
-    """Per-round update times of the package's compiled update and plain inductor's, alternated."""
-    package = trained_model(length, compile_model=True)
-    plain = trained_model(length, compile_model=False)
-    plain._update_forward = th.compile(update_forward, dynamic=True, options=inductor_options(th.device("cpu")))
-    models = {"package": package, "plain_inductor": plain}
-    for model in models.values():
-        model.train(gradient_steps=updates, batch_size=BATCH)
-    seconds = alternated_update_seconds(models, rounds, updates)
-    ratios = [p / n for p, n in zip(seconds["plain_inductor"], seconds["package"], strict=True)]
-    return {
-        "update_ms_package": {"value": round(1e3 * statistics.median(seconds["package"]), 2), "unit": "ms (median)"},
-        "update_ms_plain_inductor": {
-            "value": round(1e3 * statistics.median(seconds["plain_inductor"]), 2),
-            "unit": "ms (median)",
-        },
-        "update_speedup": {
-            "value": round(statistics.median(ratios), 4),
-            "unit": "x (median of per-round plain / package update times)",
-            "rounds_faster": sum(ratio > 1 for ratio in ratios),
-            "rounds": rounds,
-        },
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -118,7 +93,8 @@ def main() -> None:
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     th.set_num_threads(args.threads)
-    figures = {**alone(args.length, args.repeats), **inside_updates(args.length, args.rounds, args.updates)}
+    inside = table_entries.inside_updates(args.length, args.rounds, args.updates, [str(LAYER_NORM_BACKWARD)])
+    figures = {**alone(args.length, args.repeats), **inside}
     for key, figure in figures.items():
         print(f"{key}: {figure['value']} {figure['unit']}")
     config = {"length": args.length, "repeats": args.repeats, "rounds": args.rounds, "updates_per_round": args.updates}

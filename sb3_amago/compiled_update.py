@@ -1,18 +1,20 @@
 """How ``compile_model=True`` compiles the update's forward: ``torch.compile`` with inductor, its options
-chosen for the model's device, and on the CPU a decomposition table that keeps the layer norm's
-backward as torch's own kernel (:mod:`sb3_amago.nets.layer_norm`).
+chosen for the model's device, and on the CPU a decomposition table of the package's own
+(:func:`inductor_decompositions`): the layer norm's backward as torch's own kernel
+(:mod:`sb3_amago.nets.layer_norm`), and the rectifiers' operators as their twins without autograd
+(:mod:`sb3_amago.nets.activations`).
 
 The forward (:func:`sb3_amago.loss.update_forward`: the sequence model, the TD target, PopArt's move
 and the loss) is one graph, compiled with dynamic shapes: training batches of another length reuse it.
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch as th
 
-from sb3_amago.nets import layer_norm
+from sb3_amago.nets import activations, layer_norm
 
 
 def inductor_options(device: th.device) -> dict[str, Any]:
@@ -34,23 +36,73 @@ def inductor_options(device: th.device) -> dict[str, Any]:
     return options
 
 
+#: The entries the package puts in inductor's decomposition table: each replaces inductor's own, or adds one.
+PACKAGE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {**layer_norm.DECOMPOSITIONS, **activations.RUN_TIME_OPERATORS}
+
+
+def _entry_name(target: Any) -> str:
+    return str(target) if isinstance(target, th._ops.OpOverload) else f"{target.__module__}.{target.__qualname__}"
+
+
+def package_entry_names(without: Collection[str] = ()) -> tuple[str, ...]:
+    """The entries of :data:`PACKAGE_DECOMPOSITIONS` by name (``"op -> replacement"``), but those of the
+    operators named in ``without`` (``"sb3_amago.leaky_relu.default"``): what a pickled table carries
+    into inductor's cache keys."""
+    return tuple(sorted(f"{op} -> {_entry_name(fn)}" for op, fn in PACKAGE_DECOMPOSITIONS.items() if str(op) not in without))
+
+
+class DecompositionTable(dict[Any, Callable[..., Any]]):
+    """A decomposition table that pickles as the call of :func:`inductor_decompositions` that makes it,
+    with the package's entries in it by name (``entries``). inductor pickles a table given to
+    ``compile_fx`` into its caches' keys, and some entries of its own table are C++ functions that
+    cannot be pickled: pickled whole, every compile would bypass the caches and redo inductor's work in
+    each process. The rest of what the table holds follows from torch's version and inductor's
+    configuration, which the keys hold already; the names keep a graph compiled under other package
+    entries apart."""
+
+    def __init__(self, table: dict[Any, Callable[..., Any]], entries: tuple[str, ...]) -> None:
+        super().__init__(table)
+        self.entries = entries
+
+    def __reduce__(self) -> tuple[Callable[[tuple[str, ...]], "DecompositionTable"], tuple[tuple[str, ...]]]:
+        return _unpickled_table, (self.entries,)
+
+
+def inductor_decompositions(without: Collection[str] = ()) -> DecompositionTable:
+    """inductor's decomposition table (``select_decomp_table``, under the inductor configuration in
+    force) with :data:`PACKAGE_DECOMPOSITIONS` in it, but the entries of the operators named in
+    ``without`` (a measurement's other side: ``benchmarks/table_entries.py``)."""
+    from torch._inductor.decomposition import select_decomp_table  # imported only when compiling
+
+    table = DecompositionTable(select_decomp_table(), package_entry_names(without))
+    table.update({op: fn for op, fn in PACKAGE_DECOMPOSITIONS.items() if str(op) not in without})
+    return table
+
+
+def _unpickled_table(entries: tuple[str, ...]) -> DecompositionTable:
+    """The table a pickled one stands for: the package's entries of those names in it."""
+    in_table = {name.split(" -> ")[0] for name in entries}
+    return inductor_decompositions(without=[str(op) for op in PACKAGE_DECOMPOSITIONS if str(op) not in in_table])
+
+
 class CpuInductor:
     """inductor as a ``torch.compile`` backend, with ``options`` and the decomposition table of
-    :func:`~sb3_amago.nets.layer_norm.inductor_decompositions` (read under those options, which choose
-    inductor's table). One instance per set of options (:func:`cpu_backend`), so that models compiled
-    alike share dynamo's compiled code."""
+    :func:`inductor_decompositions` (read under those options, which choose inductor's table; the
+    package's entries but those of the operators named in ``without``). One instance per set of options
+    (:func:`cpu_backend`), so that models compiled alike share dynamo's compiled code."""
 
     compiler_name = "inductor"  # for dynamo's debugging tools, which treat inductor apart
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], without: Collection[str] = ()) -> None:
         self.options = dict(options)
+        self.without = tuple(without)
 
     def __call__(self, graph: th.fx.GraphModule, example_inputs: list[Any]) -> Any:
         import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
         with inductor_config.patch(self.options):
-            decompositions = layer_norm.inductor_decompositions()
+            decompositions = inductor_decompositions(self.without)
         return compile_fx(graph, example_inputs, config_patches=self.options, decompositions=decompositions)
 
 

@@ -135,12 +135,21 @@ CPP_OPERATORS = (
     "stack_projection",
     "leaky_relu",
     "linear_leaky_relu",
+    "leaky_relu_kernel",
+    "linear_leaky_relu_kernel",
     "dropout_key",
     "dropout_keep_mask",
     "rotary_tables",
 )
 #: Those whose autograd on the CPU the build holds in C++ (torch.library's is Python).
-CPP_AUTOGRAD_OPERATORS = ("causal_attention", "causal_attention_backward", "stack_projection", "rotary_tables")
+CPP_AUTOGRAD_OPERATORS = (
+    "causal_attention",
+    "causal_attention_backward",
+    "stack_projection",
+    "rotary_tables",
+    "leaky_relu_kernel",
+    "linear_leaky_relu_kernel",
+)
 
 
 def _assert_kernel_is_the_builds(name: str, dispatch_key: str) -> None:
@@ -171,6 +180,10 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
     expected = F.leaky_relu(th.baddbmm(member_bias, x, members), 0.1)
     assert th.equal(ops.linear_leaky_relu(x, members, member_bias, 0.1, True), expected)
     assert th.equal(ops.linear_leaky_relu(x, members, None, 0.0, True), F.relu(th.bmm(x, members)))
+    # the rectifiers' twins without autograd, which the compiled update calls: the same kernels
+    assert th.equal(ops.leaky_relu_kernel(x, 0.2), F.leaky_relu(x, 0.2))
+    assert th.equal(ops.linear_leaky_relu_kernel(x, members, member_bias, 0.1, True), expected)
+    assert th.equal(ops.linear_leaky_relu_kernel(x, weight, None, 0.1, False), F.leaky_relu(F.linear(x, weight), 0.1))
     th.manual_seed(5)
     keys = [ops.dropout_key(x) for _ in range(3)]
     th.manual_seed(5)
@@ -228,6 +241,13 @@ def test_the_autograd_of_the_operators_that_run_only_with_the_build_is_the_build
     backward = ops.causal_attention_backward(th.randn(out.shape, generator=gen), qkv, cos, sin, out, lse)
     with pytest.raises(RuntimeError, match="not implemented"):
         backward.sum().backward()
+    x = th.randn(3, 5, generator=gen, requires_grad=True)
+    for rectified in (
+        ops.leaky_relu_kernel(x, 0.1),
+        ops.linear_leaky_relu_kernel(x, th.randn(4, 5, generator=gen), None, 0.1, False),
+    ):
+        with pytest.raises(RuntimeError, match="not implemented"):
+            rectified.sum().backward()
 
 
 @pytest.mark.parametrize("dtype", [th.float32, th.float64])

@@ -12,6 +12,7 @@ from torch._functorch.aot_autograd import aot_function, make_boxed_func
 from torch._inductor.utils import run_and_get_code
 from torch.nn import functional as F
 
+from sb3_amago import compiled_update
 from sb3_amago.compiled_update import CpuInductor, compile_update, cpu_backend
 from sb3_amago.nets import cpu_kernels, layer_norm
 
@@ -56,7 +57,7 @@ def _traced_backward(fn: Callable[..., th.Tensor], *args: th.Tensor) -> tuple[th
         fn,
         fw_compiler=lambda gm, _: make_boxed_func(gm),
         bw_compiler=keep,
-        decompositions=layer_norm.inductor_decompositions(),
+        decompositions=compiled_update.inductor_decompositions(),
     )
     traced(*args).sum().backward()
     return graphs[0], tuple(a.grad for a in args if a.requires_grad)
@@ -114,13 +115,19 @@ def test_other_layer_norms_keep_inductors_decomposition(case: str) -> None:
     th.testing.assert_close(traced, expected, **tolerance)
 
 
-def test_decomposition_table_pickles_by_name() -> None:
+def test_decomposition_table_pickles_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """inductor pickles the table into its caches' keys: it pickles as the call that makes it (some of
-    inductor's own entries are C++ functions, which cannot be pickled), and unpickles to the same table."""
-    table = layer_norm.inductor_decompositions()
-    restored = pickle.loads(pickle.dumps(table))
+    inductor's own entries are C++ functions, which cannot be pickled), and unpickles to the same table;
+    the package's entries go in by name, so a graph compiled under other entries is keyed apart."""
+    table = compiled_update.inductor_decompositions()
+    pickled = pickle.dumps(table)
+    restored = pickle.loads(pickled)
     assert restored.keys() == table.keys()
     assert restored[th.ops.aten.native_layer_norm_backward.default] is layer_norm._decomposed_backward
+    assert restored[th.ops.sb3_amago.leaky_relu.default] is th.ops.sb3_amago.leaky_relu_kernel.default
+    assert all(name.encode() in pickled for name in compiled_update.package_entry_names())
+    monkeypatch.delitem(compiled_update.PACKAGE_DECOMPOSITIONS, th.ops.sb3_amago.leaky_relu.default)
+    assert pickle.dumps(compiled_update.inductor_decompositions()) != pickled
 
 
 def test_compile_update_uses_the_operator_on_the_cpu() -> None:

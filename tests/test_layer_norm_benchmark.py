@@ -1,6 +1,6 @@
 """benchmarks/layer_norm_backward.py: alone, it times torch's kernel against inductor's decomposition
-of the same backward; inside the update, one side is the package's compiled update and the other plain
-inductor, whose graph decomposes the layer norm's backward."""
+of the same backward; inside the update (benchmarks/table_entries.py), one side is the package's compiled
+update and the other the same without the table's layer-norm entry, whose graph decomposes that backward."""
 
 import json
 import sys
@@ -11,6 +11,7 @@ import torch._inductor.compile_fx as compile_fx_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import layer_norm_backward
+import table_entries
 
 
 def test_alone_times_both_sides_warm_and_flushed() -> None:
@@ -22,12 +23,14 @@ def test_alone_times_both_sides_warm_and_flushed() -> None:
 
 
 @pytest.mark.slow
-def test_inside_updates_compares_the_package_with_plain_inductor(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    compiled_graphs = []
+def test_inside_updates_compares_the_package_with_its_table_without_the_layer_norm_entry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with_entry = []
     compile_fx = compile_fx_module.compile_fx
 
     def recording(graph, example_inputs, **kwargs):
-        compiled_graphs.append("decompositions" in kwargs and kwargs["decompositions"] is not None)
+        with_entry.append(layer_norm_backward.LAYER_NORM_BACKWARD in (kwargs.get("decompositions") or {}))
         return compile_fx(graph, example_inputs, **kwargs)
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", recording)
@@ -35,7 +38,15 @@ def test_inside_updates_compares_the_package_with_plain_inductor(monkeypatch: py
     argv = ["layer_norm_backward.py", "--threads", "1", "--length", "8", "--repeats", "3", "--rounds", "2", "--updates", "2"]
     monkeypatch.setattr(sys, "argv", argv)
     layer_norm_backward.main()
-    assert True in compiled_graphs and False in compiled_graphs  # the package's table on one side, inductor's on the other
+    assert True in with_entry and False in with_entry  # the package's table on one side, without the entry on the other
     figures = json.loads((tmp_path / "layer_norm_backward_L8.json").read_text())["figures"]
     assert figures["update_speedup"]["rounds"] == 2
-    assert figures["update_ms_package"]["value"] > 0 and figures["update_ms_plain_inductor"]["value"] > 0
+    assert figures["update_ms_package"]["value"] > 0 and figures["update_ms_without"]["value"] > 0
+    assert figures["update_ms_without"]["without"] == ["aten.native_layer_norm_backward.default"]
+
+
+def test_table_entries_takes_only_the_package_tables_operators() -> None:
+    with pytest.raises(ValueError, match="--without takes operators of the package's table.*aten.mm.default"):
+        table_entries.inside_updates(8, 1, 1, ["aten.mm.default"])
+    with pytest.raises(ValueError, match="got none"):
+        table_entries.inside_updates(8, 1, 1, [])

@@ -730,6 +730,42 @@ def test_compiled_leaky_relu_is_opaque_only_where_a_backward_reads_it() -> None:
     th.testing.assert_close((with_grad.detach(), without_grad), (expected, expected), atol=0, rtol=0)
 
 
+def test_compiled_update_calls_the_rectifiers_twins_without_autograd() -> None:
+    """Under the package's decomposition table the rectifiers' operators are traced with their gradient
+    formulas, and the forward graph then calls their twins without autograd (on the CPU with the build:
+    no Python per call at run time); values and gradients are eager code's bit for bit."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from sb3_amago.compiled_update import inductor_decompositions
+    from sb3_amago.nets.activations import RUN_TIME_OPERATORS, leaky_relu, linear_leaky_relu
+
+    graphs: list[th.fx.GraphModule] = []
+
+    def keep(gm: th.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def fn(x: th.Tensor, weight: th.Tensor, bias: th.Tensor, members: th.Tensor, member_bias: th.Tensor) -> th.Tensor:
+        hidden = linear_leaky_relu(leaky_relu(x, 0.1), weight, bias, 0.01)  # (5, 6)
+        return linear_leaky_relu(hidden.expand(3, -1, -1), members, member_bias, 0.0, ensemble=True)  # (3, 5, 4)
+
+    gen = th.Generator().manual_seed(3)
+    shapes = ((5, 8), (6, 8), (6,), (3, 6, 4), (3, 1, 4))
+    inputs = [th.randn(shape, generator=gen) for shape in shapes]
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep, decompositions=inductor_decompositions())
+    results = []
+    for f in (th.compile(fn, backend=backend), fn):
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        out = f(*leaves)
+        out.backward(th.linspace(-1.0, 1.0, out.numel()).view_as(out))
+        results.append((out.detach(), *(leaf.grad for leaf in leaves)))
+    forward_targets = {node.target for node in graphs[0].graph.nodes if node.op == "call_function"}
+    assert set(RUN_TIME_OPERATORS.values()) <= forward_targets
+    assert not set(RUN_TIME_OPERATORS) & forward_targets
+    th.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("n_members", [None, 3])
 def test_mlp_runs_each_layer_and_rectifier_as_one_with_the_sequential_values(n_members: int | None) -> None:
     """The heads' MLP (the rectifier in place on each product's output; compiled, the opaque operator

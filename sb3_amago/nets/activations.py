@@ -13,6 +13,15 @@ its neighbours. Inputs that need no gradient, eager code and other devices call 
 kernel is C++ (:mod:`sb3_amago.nets.cpu_kernels`), so compiled code calls it without entering
 Python. :func:`linear_leaky_relu` runs a linear layer and its rectifier as one, the rectifier in
 place on the product's output.
+
+Both operators' gradients are Python formulas (``register_autograd``), which the compiler traces into
+the backward graph. What compiled code then calls at run time needs no gradient, yet through these
+operators every call would enter torch.library's Python autograd wrapper. So each has a twin without
+autograd, ``sb3_amago::leaky_relu_kernel`` and ``sb3_amago::linear_leaky_relu_kernel``, the same
+kernel (C++ with the package's build, whose autograd entry is then C++ too), and the package's
+compiled update maps each operator to its twin once it is traced (:data:`RUN_TIME_OPERATORS`, in
+:func:`sb3_amago.compiled_update.inductor_decompositions`): the formula stays in one place, and the
+compiled update's forward calls no Python.
 """
 
 import math
@@ -25,16 +34,56 @@ from torch.utils.flop_counter import register_flop_formula
 
 from sb3_amago.nets import cpu_matmul
 
+_LIBRARY = th.library.Library("sb3_amago", "FRAGMENT")
+_LIBRARY.define("leaky_relu_kernel(Tensor x, float negative_slope) -> Tensor")
+_LIBRARY.define(
+    "linear_leaky_relu_kernel(Tensor x, Tensor weight, Tensor? bias, float negative_slope, bool ensemble) -> Tensor"
+)
+
+
+def _leaky_relu_kernel(x: th.Tensor, negative_slope: float) -> th.Tensor:
+    """``F.leaky_relu``: the kernel of ``sb3_amago::leaky_relu`` and of its twin without autograd."""
+    return F.leaky_relu(x, negative_slope)
+
+
+def _product(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, ensemble: bool) -> th.Tensor:
+    """A linear layer's product as the package's layers compute it (:mod:`sb3_amago.nets.cpu_matmul`):
+    ``linear`` (``weight (o, i)``), or with ``ensemble`` the ``C`` layers' ``ensemble_linear``
+    (``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)``)."""
+    return cpu_matmul.ensemble_linear(x, weight, bias) if ensemble else cpu_matmul.linear(x, weight, bias)
+
+
+def _linear_leaky_relu_kernel(
+    x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, negative_slope: float, ensemble: bool
+) -> th.Tensor:
+    """The product without its bias, then the bias and the rectifier in place on its output: the kernel of
+    ``sb3_amago::linear_leaky_relu`` and of its twin without autograd (the C++ kernel adds the bias and
+    rectifies in one pass)."""
+    product = _product(x, weight, None, ensemble)
+    return F.leaky_relu(product if bias is None else product.add_(bias), negative_slope, inplace=True)
+
+
+def _linear_output(
+    x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, negative_slope: float, ensemble: bool
+) -> th.Tensor:
+    """The output of :func:`_linear_leaky_relu_kernel` under fake tensors: contiguous ``(..., o)``."""
+    return x.new_empty(*x.shape[:-1], weight.shape[-1] if ensemble else weight.shape[0])
+
+
+# Python kernels for every device; the package's build registers C++ ones on the CPU (cpu_kernels.cpp).
+_LIBRARY.impl("leaky_relu_kernel", _leaky_relu_kernel, "CompositeExplicitAutograd")
+_LIBRARY.impl("linear_leaky_relu_kernel", _linear_leaky_relu_kernel, "CompositeExplicitAutograd")
+th.library.register_fake("sb3_amago::leaky_relu_kernel")(lambda x, negative_slope: th.empty_like(x))
+th.library.register_fake("sb3_amago::linear_leaky_relu_kernel")(_linear_output)
+
 
 @th.library.custom_op("sb3_amago::leaky_relu", mutates_args=())
 def compiled_leaky_relu(x: th.Tensor, negative_slope: float) -> th.Tensor:
     """``F.leaky_relu`` as one operator for ``torch.compile``."""
-    return F.leaky_relu(x, negative_slope)
+    return _leaky_relu_kernel(x, negative_slope)
 
 
-@compiled_leaky_relu.register_fake
-def _(x: th.Tensor, negative_slope: float) -> th.Tensor:
-    return th.empty_like(x)
+compiled_leaky_relu.register_fake(lambda x, negative_slope: th.empty_like(x))
 
 
 def _setup_context(ctx: Any, inputs: tuple[th.Tensor, float], output: th.Tensor) -> None:
@@ -64,13 +113,6 @@ def leaky_relu(x: th.Tensor, negative_slope: float = 0.01) -> th.Tensor:
     return F.relu(x) if negative_slope == 0.0 else F.leaky_relu(x, negative_slope)
 
 
-def _product(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, ensemble: bool) -> th.Tensor:
-    """A linear layer's product as the package's layers compute it (:mod:`sb3_amago.nets.cpu_matmul`):
-    ``linear`` (``weight (o, i)``), or with ``ensemble`` the ``C`` layers' ``ensemble_linear``
-    (``x (C, N, i)``, ``weight (C, i, o)``, ``bias (C, 1, o)``)."""
-    return cpu_matmul.ensemble_linear(x, weight, bias) if ensemble else cpu_matmul.linear(x, weight, bias)
-
-
 @th.library.custom_op("sb3_amago::linear_leaky_relu", mutates_args=())
 def compiled_linear_leaky_relu(
     x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, negative_slope: float, ensemble: bool
@@ -78,13 +120,10 @@ def compiled_linear_leaky_relu(
     """:func:`linear_leaky_relu` as one operator for ``torch.compile``: the bias is added and the
     rectifier runs in place on the product's output (a fresh tensor), so no second tensor of the
     layer's size is written (the C++ kernel does both in one pass)."""
-    product = _product(x, weight, None, ensemble)
-    return F.leaky_relu(product if bias is None else product.add_(bias), negative_slope, inplace=True)
+    return _linear_leaky_relu_kernel(x, weight, bias, negative_slope, ensemble)
 
 
-@compiled_linear_leaky_relu.register_fake
-def _(x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, negative_slope: float, ensemble: bool) -> th.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[-1] if ensemble else weight.shape[0])
+compiled_linear_leaky_relu.register_fake(_linear_output)
 
 
 def _linear_setup_context(ctx: Any, inputs: tuple[Any, ...], output: th.Tensor) -> None:
@@ -115,10 +154,17 @@ def _linear_backward(ctx: Any, grad: th.Tensor) -> tuple[th.Tensor | None, ...]:
 compiled_linear_leaky_relu.register_autograd(_linear_backward, setup_context=_linear_setup_context)
 
 
-@register_flop_formula(th.ops.sb3_amago.linear_leaky_relu)
+@register_flop_formula([th.ops.sb3_amago.linear_leaky_relu, th.ops.sb3_amago.linear_leaky_relu_kernel])
 def _linear_flops(x_shape: th.Size, weight_shape: th.Size, bias_shape: Any, negative_slope: float, ensemble: bool) -> int:
     """What ``FlopCounterMode`` counts for the operator: its product's ``2 N i o``."""
     return 2 * math.prod(x_shape) * (weight_shape[-1] if ensemble else weight_shape[0])
+
+
+#: Each operator with a gradient formula, and its twin without autograd that compiled code calls once traced.
+RUN_TIME_OPERATORS = {
+    th.ops.sb3_amago.leaky_relu.default: th.ops.sb3_amago.leaky_relu_kernel.default,
+    th.ops.sb3_amago.linear_leaky_relu.default: th.ops.sb3_amago.linear_leaky_relu_kernel.default,
+}
 
 
 def linear_leaky_relu(

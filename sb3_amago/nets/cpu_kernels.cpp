@@ -101,7 +101,7 @@ at::Tensor stack_projection_autograd(const at::Tensor& q, const at::Tensor& k, c
   return StackProjectionFunction::apply(q, k, v);
 }
 
-// sb3_amago::leaky_relu (activations.py)
+// sb3_amago::leaky_relu and its twin without autograd, leaky_relu_kernel (activations.py)
 at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) { return at::leaky_relu(x, negative_slope); }
 
 // The rows of y, a product's output of `groups` equal blocks of rows (the ensemble members), each
@@ -132,8 +132,9 @@ void add_bias_leaky_relu_(at::Tensor& y, const at::Tensor& bias, int64_t groups,
   });
 }
 
-// sb3_amago::linear_leaky_relu (activations.py): the product without its bias, then the bias and the
-// rectifier in place on its output, in one pass where that is fp32 and contiguous.
+// sb3_amago::linear_leaky_relu and its twin linear_leaky_relu_kernel (activations.py): the product without
+// its bias, then the bias and the rectifier in place on its output, in one pass where that is fp32 and
+// contiguous.
 at::Tensor linear_leaky_relu(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                              double negative_slope, bool ensemble) {
   at::Tensor product = ensemble ? at::bmm(x, weight) : at::linear(x, weight);
@@ -169,12 +170,13 @@ at::Tensor dropout_key(const at::Tensor& like) { return at::empty({}, like.optio
 // Registers the kernels above on the CPU dispatch key, where they take precedence over the operators'
 // Python kernels (registered for every device, CompositeExplicitAutograd), and on the AutogradCPU key the
 // autograd of the operators that run only with this build (causal_attention, stack_projection) and, for
-// the two without a gradient, torch's C++ fallback, which like what torch.library registers for the
+// those without a gradient, torch's C++ fallback, which like what torch.library registers for the
 // Autograd alias makes a backward through them an error. There they take precedence over torch.library's
 // Python, so compiled code calls these operators without entering it. (leaky_relu and linear_leaky_relu keep
-// their Python formulas, which also serve compiled code without this build: docs/design.md.) Once per
-// process; the registrations are kept until the process ends (never destroyed, so no static destructor
-// runs them off after the dispatcher is gone).
+// their Python formulas, which also serve compiled code without this build: docs/design.md; the package's
+// compiled update calls their twins without autograd once traced.) Once per process; the registrations
+// are kept until the process ends (never destroyed, so no static destructor runs them off after the
+// dispatcher is gone).
 void register_operators() {
   static torch::Library* autograd = [] {
     auto* library = new torch::Library(torch::Library::IMPL, "sb3_amago", c10::DispatchKey::AutogradCPU, __FILE__, __LINE__);
@@ -182,6 +184,8 @@ void register_operators() {
     library->impl("causal_attention_backward", torch::autograd::autogradNotImplementedFallback());
     library->impl("stack_projection", &stack_projection_autograd);
     library->impl("rotary_tables", torch::autograd::autogradNotImplementedFallback());
+    library->impl("leaky_relu_kernel", torch::autograd::autogradNotImplementedFallback());
+    library->impl("linear_leaky_relu_kernel", torch::autograd::autogradNotImplementedFallback());
     return library;
   }();
   (void)autograd;
@@ -192,6 +196,8 @@ void register_operators() {
     library->impl("stack_projection", &stack_projection);
     library->impl("leaky_relu", &leaky_relu);
     library->impl("linear_leaky_relu", &linear_leaky_relu);
+    library->impl("leaky_relu_kernel", &leaky_relu);
+    library->impl("linear_leaky_relu_kernel", &linear_leaky_relu);
     library->impl("dropout_key", &dropout_key);
     library->impl("rotary_tables", &rotary_tables);
     library->impl("layer_norm_backward", &layer_norm_backward);

@@ -5,9 +5,9 @@ reductions, and its CPU code then passes over the layer's input and output gradi
 rows for the weight's and the bias's gradients, then along each row for the input's. At the
 Transformer's ``(520, 512)`` feed-forward norm that is 261 us against 127 for torch's kernel, which
 takes each row once and sums the weight's and bias's gradients per thread (2 threads, Intel Xeon,
-warm caches; ``benchmarks/layer_norm_backward.py``). :func:`inductor_decompositions` is inductor's decomposition table with that one entry
-changed: the backward of an fp32 CPU layer norm with a weight and a bias, all three gradients asked
-for, becomes the operator ``sb3_amago::layer_norm_backward``, opaque to the compiler, which runs
+warm caches; ``benchmarks/layer_norm_backward.py``). :data:`DECOMPOSITIONS` changes that one entry of
+inductor's decomposition table (:func:`sb3_amago.compiled_update.inductor_decompositions`): the
+backward of an fp32 CPU layer norm with a weight and a bias, all three gradients asked for, becomes the operator ``sb3_amago::layer_norm_backward``, opaque to the compiler, which runs
 torch's kernel. A compiled update on the CPU (:mod:`sb3_amago.compiled_update`) uses the table. The
 values are those of eager code's backward given the forward's mean and reciprocal deviation (which
 the compiled forward computes in its own order, so compiled and eager gradients differ at rounding
@@ -19,8 +19,7 @@ operator; the package's CPU kernels (:mod:`~sb3_amago.nets.cpu_kernels`) registe
 so that inductor's C++ wrapper calls torch's kernel without entering Python.
 """
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch as th
 
@@ -84,7 +83,7 @@ def _decomposed_backward(
     bias: th.Tensor | None,
     output_mask: Sequence[bool],
 ) -> tuple[th.Tensor | None, th.Tensor | None, th.Tensor | None]:
-    """What ``aten.native_layer_norm_backward`` becomes in the table of :func:`inductor_decompositions`."""
+    """What ``aten.native_layer_norm_backward`` becomes in the package's decomposition table."""
     if takes_operator(input, weight, bias, output_mask):
         assert weight is not None and bias is not None
         grad_input, grad_weight, grad_bias = layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias)
@@ -94,22 +93,6 @@ def _decomposed_backward(
     return native_layer_norm_backward(grad_out, input, list(normalized_shape), mean, rstd, weight, bias, list(output_mask))
 
 
-class DecompositionTable(dict[Any, Callable[..., Any]]):
-    """A decomposition table that pickles as the call of :func:`inductor_decompositions` that makes it.
-    inductor pickles a table given to ``compile_fx`` into its caches' keys, and some entries of its own
-    table are C++ functions that cannot be pickled: pickled whole, every compile would bypass the caches
-    and redo inductor's work in each process. What the table holds follows from torch's version and
-    inductor's configuration, which the keys hold already."""
-
-    def __reduce__(self) -> tuple[Callable[[], "DecompositionTable"], tuple[()]]:
-        return inductor_decompositions, ()
-
-
-def inductor_decompositions() -> DecompositionTable:
-    """inductor's decomposition table (``select_decomp_table``, under the inductor configuration in
-    force) with the layer norm's backward made the operator where :func:`takes_operator` holds."""
-    from torch._inductor.decomposition import select_decomp_table  # imported only when compiling
-
-    table = DecompositionTable(select_decomp_table())
-    table[th.ops.aten.native_layer_norm_backward.default] = _decomposed_backward
-    return table
+#: The entry the package's compiled CPU update puts in inductor's decomposition table
+#: (:func:`sb3_amago.compiled_update.inductor_decompositions`).
+DECOMPOSITIONS = {th.ops.aten.native_layer_norm_backward.default: _decomposed_backward}

@@ -1,0 +1,89 @@
+"""The compiled update with the package's decomposition table against the same table without some of its entries.
+
+On the CPU ``compile_model=True`` compiles the update with :class:`sb3_amago.compiled_update.CpuInductor`,
+whose decomposition table holds the package's entries (``compiled_update.PACKAGE_DECOMPOSITIONS``): the
+layer norm's backward as torch's kernel (``sb3_amago/nets/layer_norm.py``), the rectifiers' operators as
+their twins without autograd (``sb3_amago/nets/activations.py``). Two reference models
+(``bench_updates.trained_model``) in this process: one compiled as the package does, one with the same
+inductor options and a table that leaves out the entries of the operators named in ``--without``. They
+train alternately for ``--rounds`` rounds of ``--updates`` updates, each side first in turn: the median of
+the per-round ratios and the rounds the package's side was faster. One process, because this VM's speed
+moves between processes by more than a change of this size.
+
+    python benchmarks/table_entries.py --threads 2 --length 64 \\
+        --without sb3_amago.leaky_relu.default sb3_amago.linear_leaky_relu.default --name table_entries_rectifier_twins_L64
+
+Results: ``benchmarks/results/table_entries_L{length}.json`` / ``.md`` (``--name`` changes it).
+"""
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import torch as th
+from bench_updates import alternated_update_seconds, trained_model
+from common import RESULTS_DIR, write_results
+
+from sb3_amago.compiled_update import PACKAGE_DECOMPOSITIONS, CpuInductor, inductor_options
+from sb3_amago.loss import update_forward
+
+#: Batch of the reference update.
+BATCH = 8
+
+
+def inside_updates(length: int, rounds: int, updates: int, without: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-round update times of the package's compiled update and of one compiled without the package's
+    entries for the operators named in ``without``, alternated."""
+    unknown = set(without) - {str(op) for op in PACKAGE_DECOMPOSITIONS}
+    if unknown or not without:
+        raise ValueError(
+            f"--without takes operators of the package's table, {sorted(str(op) for op in PACKAGE_DECOMPOSITIONS)}; "
+            f"got {sorted(unknown) or 'none'}"
+        )
+    package = trained_model(length, compile_model=True)
+    other = trained_model(length, compile_model=False)
+    backend = CpuInductor(inductor_options(th.device("cpu")), without=without)
+    other._update_forward = th.compile(update_forward, dynamic=True, backend=backend)
+    models = {"package": package, "without": other}
+    for model in models.values():
+        model.train(gradient_steps=updates, batch_size=BATCH)
+    seconds = alternated_update_seconds(models, rounds, updates)
+    ratios = [w / p for w, p in zip(seconds["without"], seconds["package"], strict=True)]
+    return {
+        "update_ms_package": {"value": round(1e3 * statistics.median(seconds["package"]), 2), "unit": "ms (median)"},
+        "update_ms_without": {
+            "value": round(1e3 * statistics.median(seconds["without"]), 2),
+            "unit": "ms (median)",
+            "without": list(without),
+        },
+        "update_speedup": {
+            "value": round(statistics.median(ratios), 4),
+            "unit": "x (median of per-round without / package update times)",
+            "rounds_faster": sum(ratio > 1 for ratio in ratios),
+            "rounds": rounds,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument(
+        "--without", nargs="+", required=True, help="operators whose package entries the other side leaves out"
+    )
+    parser.add_argument("--rounds", type=int, default=30, help="alternations")
+    parser.add_argument("--updates", type=int, default=10, help="updates per round and side")
+    parser.add_argument("--name", default=None)
+    args = parser.parse_args()
+    th.set_num_threads(args.threads)
+    figures = inside_updates(args.length, args.rounds, args.updates, args.without)
+    for key, figure in figures.items():
+        print(f"{key}: {figure['value']} {figure['unit']}")
+    config = {"length": args.length, "rounds": args.rounds, "updates_per_round": args.updates, "without": args.without}
+    write_results(args.name or f"table_entries_L{args.length}", config, figures, out_dir=RESULTS_DIR)
+
+
+if __name__ == "__main__":
+    main()

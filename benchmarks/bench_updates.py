@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import statistics
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -236,6 +237,33 @@ def alternated_update_seconds(
                 models[name].train(gradient_steps=updates, batch_size=8)
                 seconds[name].append((time.perf_counter() - start) / updates)
     return seconds
+
+
+def against_the_package(
+    length: int, rounds: int, updates: int, other_forward: Callable[[], Callable[..., Any]], batch: int = 8
+) -> dict[str, dict[str, Any]]:
+    """The package's compiled update against another compile of the same forward, ``other_forward()``
+    (called once; it returns the compiled ``update_forward``), each on a reference model, alternated in
+    this process (:func:`alternated_update_seconds`) after a round of warm-up: the medians, and the median
+    of the per-round ratios (other / package) with the rounds the package's side was faster."""
+    package = trained_model(length, compile_model=True)
+    other = trained_model(length, compile_model=False)
+    other._update_forward = other_forward()
+    models = {"package": package, "other": other}
+    for model in models.values():
+        model.train(gradient_steps=updates, batch_size=batch)
+    seconds = alternated_update_seconds(models, rounds, updates)
+    ratios = [o / p for o, p in zip(seconds["other"], seconds["package"], strict=True)]
+    return {
+        "update_ms_package": {"value": round(1e3 * statistics.median(seconds["package"]), 2), "unit": "ms (median)"},
+        "update_ms_other": {"value": round(1e3 * statistics.median(seconds["other"]), 2), "unit": "ms (median)"},
+        "update_speedup": {
+            "value": round(statistics.median(ratios), 4),
+            "unit": "x (median of per-round other / package update times)",
+            "rounds_faster": sum(ratio > 1 for ratio in ratios),
+            "rounds": rounds,
+        },
+    }
 
 
 def parameters_after_updates(max_seq_len: int, n_updates: int, compile_model: bool = False) -> dict[str, th.Tensor]:

@@ -17,53 +17,30 @@ Results: ``benchmarks/results/table_entries_L{length}.json`` / ``.md`` (``--name
 """
 
 import argparse
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 import torch as th
-from bench_updates import alternated_update_seconds, trained_model
+from bench_updates import against_the_package
 from common import RESULTS_DIR, write_results
 
-from sb3_amago.compiled_update import PACKAGE_DECOMPOSITIONS, CpuInductor, inductor_options
+from sb3_amago.compiled_update import PACKAGE_DECOMPOSITIONS, CpuInductor, cpu_compiled, inductor_options
 from sb3_amago.loss import update_forward
-
-#: Batch of the reference update.
-BATCH = 8
 
 
 def inside_updates(length: int, rounds: int, updates: int, without: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per-round update times of the package's compiled update and of one compiled without the package's
-    entries for the operators named in ``without``, alternated."""
+    entries for the operators named in ``without``, alternated (the other side's figures name them)."""
     unknown = set(without) - {str(op) for op in PACKAGE_DECOMPOSITIONS}
     if unknown or not without:
         raise ValueError(
             f"--without takes operators of the package's table, {sorted(str(op) for op in PACKAGE_DECOMPOSITIONS)}; "
             f"got {sorted(unknown) or 'none'}"
         )
-    package = trained_model(length, compile_model=True)
-    other = trained_model(length, compile_model=False)
     backend = CpuInductor(inductor_options(th.device("cpu")), without=without)
-    other._update_forward = th.compile(update_forward, dynamic=True, backend=backend)
-    models = {"package": package, "without": other}
-    for model in models.values():
-        model.train(gradient_steps=updates, batch_size=BATCH)
-    seconds = alternated_update_seconds(models, rounds, updates)
-    ratios = [w / p for w, p in zip(seconds["without"], seconds["package"], strict=True)]
-    return {
-        "update_ms_package": {"value": round(1e3 * statistics.median(seconds["package"]), 2), "unit": "ms (median)"},
-        "update_ms_without": {
-            "value": round(1e3 * statistics.median(seconds["without"]), 2),
-            "unit": "ms (median)",
-            "without": list(without),
-        },
-        "update_speedup": {
-            "value": round(statistics.median(ratios), 4),
-            "unit": "x (median of per-round without / package update times)",
-            "rounds_faster": sum(ratio > 1 for ratio in ratios),
-            "rounds": rounds,
-        },
-    }
+    figures = against_the_package(length, rounds, updates, lambda: cpu_compiled(update_forward, backend))
+    figures["update_ms_other"]["without"] = list(without)
+    return figures
 
 
 def main() -> None:

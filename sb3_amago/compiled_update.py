@@ -5,7 +5,8 @@ chosen for the model's device, and on the CPU a decomposition table of the packa
 (:mod:`sb3_amago.nets.activations`).
 
 The forward (:func:`sb3_amago.loss.update_forward`: the sequence model, the TD target, PopArt's move
-and the loss) is one graph, compiled with dynamic shapes: training batches of another length reuse it.
+and the loss) is one graph, compiled with a dynamic time axis: training batches of another length
+reuse it (:func:`compile_update`).
 """
 
 import functools
@@ -15,6 +16,7 @@ from typing import Any
 import torch as th
 
 from sb3_amago.nets import activations, layer_norm
+from sb3_amago.type_aliases import TrajectoryBatch
 
 
 def inductor_options(device: th.device) -> dict[str, Any]:
@@ -113,11 +115,38 @@ def cpu_backend(options: tuple[tuple[str, Any], ...]) -> CpuInductor:
 
 
 def compile_update(fn: Callable[..., Any], device: th.device) -> Callable[..., Any]:
-    """``fn`` compiled for ``device``: with :class:`CpuInductor` on the CPU (the layer norm's backward
-    as torch's kernel: about 1% of the compiled update on an Intel Xeon, 1.013x at L = 64 and 1.012x at
-    L = 256, both ways alternated in one process, ``benchmarks/layer_norm_backward.py``), with inductor
-    and :func:`inductor_options` elsewhere."""
+    """``fn(policy, batch, cfg)`` compiled for ``device``: with :class:`CpuInductor` on the CPU (the layer
+    norm's backward as torch's kernel: about 1% of the compiled update on an Intel Xeon, 1.013x at L = 64
+    and 1.012x at L = 256, both ways alternated in one process, ``benchmarks/layer_norm_backward.py``),
+    with inductor and :func:`inductor_options` elsewhere.
+
+    On the CPU only the batch's time axis is dynamic (:func:`time_axis_dynamic`): windows are as long as
+    the longest in the batch, so one graph serves every length, while the batch size and the feature
+    widths, fixed in a run, are compiled in (a batch of another size compiles once more). inductor's
+    code for known sizes, and the fewer shape guards, ran the compiled update 1.012x faster than with
+    every size dynamic at L = 64 on an Intel Xeon (twice 20-30 rounds alternated in one process,
+    ``benchmarks/dynamic_axes.py``). Elsewhere every size is dynamic."""
     options = inductor_options(device)
-    if device.type == "cpu":
-        return th.compile(fn, dynamic=True, backend=cpu_backend(tuple(sorted(options.items()))))
-    return th.compile(fn, dynamic=True, options=options)
+    if device.type != "cpu":
+        return th.compile(fn, dynamic=True, options=options)
+    return cpu_compiled(fn, cpu_backend(tuple(sorted(options.items()))))
+
+
+def cpu_compiled(fn: Callable[..., Any], backend: Callable[[th.fx.GraphModule, list[Any]], Any]) -> Callable[..., Any]:
+    """``fn(policy, batch, cfg)`` compiled with ``backend``, the batch's time axis dynamic and every other
+    size compiled in (:func:`compile_update`)."""
+    compiled = th.compile(fn, backend=backend)
+
+    def update(policy: Any, batch: TrajectoryBatch, cfg: Any) -> Any:
+        time_axis_dynamic(batch)
+        return compiled(policy, batch, cfg)
+
+    return update
+
+
+def time_axis_dynamic(batch: TrajectoryBatch) -> None:
+    """Mark the time axis (dim 1) of every tensor of ``batch`` dynamic for ``torch.compile``: the graph
+    compiled for it takes any window length (unless its code needs a length's value)."""
+    for field in batch:
+        for tensor in field.values() if isinstance(field, dict) else (field,):
+            th._dynamo.maybe_mark_dynamic(tensor, 1)

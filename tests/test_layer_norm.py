@@ -147,3 +147,33 @@ def test_compile_update_uses_the_operator_on_the_cpu() -> None:
     expected = _eager_gradients(fn, *_leaves(*_inputs(), grad=(True, True, True)))
     th.testing.assert_close((x.grad, weight.grad, bias.grad), expected)
     assert callable(compile_update(fn, th.device("cpu")))
+
+
+def test_the_compiled_cpu_update_has_only_the_batchs_time_axis_dynamic() -> None:
+    """One graph serves every window length; the batch size and the feature widths are compiled in (a
+    batch of another size compiles once more)."""
+    from sb3_amago.compiled_update import cpu_compiled
+    from sb3_amago.type_aliases import TrajectoryBatch
+
+    graphs: list[th.fx.GraphModule] = []
+
+    def recording(gm: th.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        graphs.append(gm)
+        return gm.forward
+
+    def fn(policy: None, batch: TrajectoryBatch, scale: float) -> th.Tensor:
+        weighted = batch.observations["x"] * batch.rewards.unsqueeze(-1)  # (B, L, 3)
+        return weighted.sum(1) * scale + batch.time_idx.sum()
+
+    def batch_of(size: int, length: int) -> TrajectoryBatch:
+        floats = th.ones(size, length)
+        return TrajectoryBatch(
+            {"x": th.ones(size, length, 3)}, floats, floats, floats, floats, floats, floats.long(), floats.bool()
+        )
+
+    update = cpu_compiled(fn, recording)
+    for size, length in ((2, 5), (2, 7), (2, 11)):
+        assert th.equal(update(None, batch_of(size, length), 2.0), fn(None, batch_of(size, length), 2.0))
+    assert len(graphs) == 1
+    update(None, batch_of(3, 5), 2.0)
+    assert len(graphs) == 2

@@ -239,6 +239,18 @@ def alternated_update_seconds(
     return seconds
 
 
+def alternation_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark that alternates two updates in one process (:func:`against_the_package`):
+    threads, window length, rounds, updates per round and side, and the results' name."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=30, help="alternations inside the update")
+    parser.add_argument("--updates", type=int, default=10, help="updates per round and side")
+    parser.add_argument("--name", default=None)
+    return parser
+
+
 def against_the_package(
     length: int, rounds: int, updates: int, other_forward: Callable[[], Callable[..., Any]], batch: int = 8
 ) -> dict[str, dict[str, Any]]:

@@ -141,6 +141,13 @@ def markdown(name: str, payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def print_and_write(name: str, config: dict[str, Any], figures: dict[str, dict[str, Any]], out_dir: Path) -> None:
+    """Each figure printed, then all of them written (:func:`write_results`)."""
+    for key, figure in figures.items():
+        print(f"{key}: {figure['value']} {figure['unit']}")
+    write_results(name, config, figures, out_dir=out_dir)
+
+
 def write_results(name: str, config: dict[str, Any], figures: dict[str, dict[str, Any]], out_dir: Path = RESULTS_DIR) -> None:
     """``<name>.json`` (config, figures with units, metadata) and ``<name>.md`` (:func:`markdown`).
 

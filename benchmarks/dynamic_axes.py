@@ -14,12 +14,11 @@ this size.
 Results: ``benchmarks/results/dynamic_axes_L{length}.json`` / ``.md`` (``--name`` changes it).
 """
 
-import argparse
 from typing import Any
 
 import torch as th
-from bench_updates import against_the_package
-from common import RESULTS_DIR, write_results
+from bench_updates import against_the_package, alternation_parser
+from common import RESULTS_DIR, print_and_write
 
 from sb3_amago.compiled_update import CpuInductor, inductor_options
 from sb3_amago.loss import update_forward
@@ -32,19 +31,12 @@ def inside_updates(length: int, rounds: int, updates: int) -> dict[str, dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=30, help="alternations")
-    parser.add_argument("--updates", type=int, default=10, help="updates per round and side")
-    parser.add_argument("--name", default=None)
+    parser = alternation_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     figures = inside_updates(args.length, args.rounds, args.updates)
-    for key, figure in figures.items():
-        print(f"{key}: {figure['value']} {figure['unit']}")
     config = {"length": args.length, "rounds": args.rounds, "updates_per_round": args.updates}
-    write_results(args.name or f"dynamic_axes_L{args.length}", config, figures, out_dir=RESULTS_DIR)
+    print_and_write(args.name or f"dynamic_axes_L{args.length}", config, figures, RESULTS_DIR)
 
 
 if __name__ == "__main__":

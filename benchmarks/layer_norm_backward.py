@@ -19,7 +19,6 @@ into two passes. Two measurements:
 Results: ``benchmarks/results/layer_norm_backward_L{length}.json`` / ``.md`` (``--name`` changes it).
 """
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +26,8 @@ from typing import Any
 
 import table_entries
 import torch as th
-from common import RESULTS_DIR, write_results
+from bench_updates import alternation_parser
+from common import RESULTS_DIR, print_and_write
 
 from sb3_amago.compiled_update import inductor_options
 
@@ -84,21 +84,14 @@ def alone(length: int, repeats: int) -> dict[str, dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--length", type=int, default=64)
+    parser = alternation_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=300, help="calls per side alone")
-    parser.add_argument("--rounds", type=int, default=30, help="alternations inside the update")
-    parser.add_argument("--updates", type=int, default=10, help="updates per round and side")
-    parser.add_argument("--name", default=None)
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     inside = table_entries.inside_updates(args.length, args.rounds, args.updates, [str(LAYER_NORM_BACKWARD)])
     figures = {**alone(args.length, args.repeats), **inside}
-    for key, figure in figures.items():
-        print(f"{key}: {figure['value']} {figure['unit']}")
     config = {"length": args.length, "repeats": args.repeats, "rounds": args.rounds, "updates_per_round": args.updates}
-    write_results(args.name or f"layer_norm_backward_L{args.length}", config, figures, out_dir=RESULTS_DIR)
+    print_and_write(args.name or f"layer_norm_backward_L{args.length}", config, figures, RESULTS_DIR)
 
 
 if __name__ == "__main__":

@@ -122,10 +122,11 @@ def compile_update(fn: Callable[..., Any], device: th.device) -> Callable[..., A
 
     On the CPU only the batch's time axis is dynamic (:func:`time_axis_dynamic`): windows are as long as
     the longest in the batch, so one graph serves every length, while the batch size and the feature
-    widths, fixed in a run, are compiled in (a batch of another size compiles once more). inductor's
-    code for known sizes, and the fewer shape guards, ran the compiled update 1.012x faster than with
-    every size dynamic at L = 64 on an Intel Xeon (twice 20-30 rounds alternated in one process,
-    ``benchmarks/dynamic_axes.py``). Elsewhere every size is dynamic."""
+    widths, fixed in a run, are compiled in (a batch of another size compiles once more). With
+    inductor's code for known sizes, and fewer shape guards, the compiled update ran 1.006x and 1.012x
+    faster than with every size dynamic at L = 64 on an Intel Xeon (two runs of 30 rounds alternated in
+    one process, ``benchmarks/dynamic_axes.py``; 1.003x at L = 256), with the same values. Elsewhere
+    every size is dynamic."""
     options = inductor_options(device)
     if device.type != "cpu":
         return th.compile(fn, dynamic=True, options=options)

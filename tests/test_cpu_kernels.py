@@ -152,10 +152,17 @@ CPP_AUTOGRAD_OPERATORS = (
 )
 
 
-def _assert_kernel_is_the_builds(name: str, dispatch_key: str) -> None:
-    """The dispatcher's one kernel of ``sb3_amago::<name>`` on ``dispatch_key`` is registered by the build."""
-    lines = [line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith(f"{dispatch_key}:")]
-    assert len(lines) == 1 and "cpu_kernels.cpp" in lines[0], (name, lines)
+def _builds_operators(names: tuple[str, ...], dispatch_key: str) -> Any:
+    """``th.ops.sb3_amago`` once the build is loaded (the test skips where it cannot be), after checking that
+    the dispatcher's one kernel of each of ``names`` on ``dispatch_key`` is the build's."""
+    if not cpu_kernels.load():
+        pytest.skip("the package's CPU kernels are not built on this machine")
+    for name in names:
+        lines = [
+            line for line in th._C._dispatch_dump(f"sb3_amago::{name}").splitlines() if line.startswith(f"{dispatch_key}:")
+        ]
+        assert len(lines) == 1 and "cpu_kernels.cpp" in lines[0], (name, lines)
+    return th.ops.sb3_amago
 
 
 def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels_values() -> None:
@@ -165,11 +172,7 @@ def test_the_operators_cpu_kernels_are_the_builds_and_compute_the_python_kernels
 
     from sb3_amago.nets import activations, cpu_attention, dropout, rotary
 
-    if not cpu_kernels.load():
-        pytest.skip("the package's CPU kernels are not built on this machine")
-    for name in CPP_OPERATORS:
-        _assert_kernel_is_the_builds(name, "CPU")
-    ops = th.ops.sb3_amago
+    ops = _builds_operators(CPP_OPERATORS, "CPU")
     gen = th.Generator().manual_seed(0)
     x = th.randn(3, 7, 5, generator=gen)
     assert th.equal(ops.leaky_relu(x, 0.2), F.leaky_relu(x, 0.2)) and th.equal(ops.leaky_relu(x, 0.0), F.relu(x))
@@ -220,11 +223,7 @@ def test_the_autograd_of_the_operators_that_run_only_with_the_build_is_the_build
     # error for a backward through the two without a gradient, as torch.library's Python gives.
     from sb3_amago.nets.rotary import ROTARY_BASE
 
-    if not cpu_kernels.load():
-        pytest.skip("the package's CPU kernels are not built on this machine")
-    for name in CPP_AUTOGRAD_OPERATORS:
-        _assert_kernel_is_the_builds(name, "AutogradCPU")
-    ops = th.ops.sb3_amago
+    ops = _builds_operators(CPP_AUTOGRAD_OPERATORS, "AutogradCPU")
     gen = th.Generator().manual_seed(2)
     q, k, v = (th.randn(2, 4, 9, 8, generator=gen, requires_grad=True) for _ in range(3))
     projection = ops.stack_projection(q, k, v)

@@ -63,6 +63,11 @@ def _linear_leaky_relu_kernel(
     return F.leaky_relu(product if bias is None else product.add_(bias), negative_slope, inplace=True)
 
 
+def _rectified_output(x: th.Tensor, negative_slope: float) -> th.Tensor:
+    """The output of :func:`_leaky_relu_kernel` under fake tensors: ``x``'s shape."""
+    return th.empty_like(x)
+
+
 def _linear_output(
     x: th.Tensor, weight: th.Tensor, bias: th.Tensor | None, negative_slope: float, ensemble: bool
 ) -> th.Tensor:
@@ -73,7 +78,7 @@ def _linear_output(
 # Python kernels for every device; the package's build registers C++ ones on the CPU (cpu_kernels.cpp).
 _LIBRARY.impl("leaky_relu_kernel", _leaky_relu_kernel, "CompositeExplicitAutograd")
 _LIBRARY.impl("linear_leaky_relu_kernel", _linear_leaky_relu_kernel, "CompositeExplicitAutograd")
-th.library.register_fake("sb3_amago::leaky_relu_kernel")(lambda x, negative_slope: th.empty_like(x))
+th.library.register_fake("sb3_amago::leaky_relu_kernel")(_rectified_output)
 th.library.register_fake("sb3_amago::linear_leaky_relu_kernel")(_linear_output)
 
 
@@ -83,7 +88,7 @@ def compiled_leaky_relu(x: th.Tensor, negative_slope: float) -> th.Tensor:
     return _leaky_relu_kernel(x, negative_slope)
 
 
-compiled_leaky_relu.register_fake(lambda x, negative_slope: th.empty_like(x))
+compiled_leaky_relu.register_fake(_rectified_output)
 
 
 def _setup_context(ctx: Any, inputs: tuple[th.Tensor, float], output: th.Tensor) -> None:

@@ -101,7 +101,7 @@ def native_step_lists(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor]
 def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max_norm: float) -> th.Tensor:
     """``clip_grad_norm_(params, max_norm)`` then ``optimizer.step()``: the gradients are scaled by
     ``min(1, max_norm / (norm + 1e-6))`` before the step reads them, in the step's own pass where
-    the optimizer takes a gradient scale (:func:`takes_grad_scale`). Returns the total norm before
+    the optimizer takes a gradient scale (:func:`takes_grad_scale`) and no gradient is fp64. Returns the total norm before
     clipping, as ``clip_grad_norm_`` does. No host synchronisation on any device.
 
     :param params: the parameters ``optimizer`` steps (those without a gradient are skipped)
@@ -117,8 +117,10 @@ def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max
             return total
     grads = [p.grad for p in params if p.grad is not None]
     total = total_grad_norm(grads)
-    if takes_grad_scale(optimizer):
-        optimizer.grad_scale = th.clamp((total + EPS) / max_norm, min=1.0)  # type: ignore[attr-defined]
+    if takes_grad_scale(optimizer) and all(g.dtype != th.float64 for g in grads):
+        # A fused step reads its scale in fp32 (as torch's GradScaler keeps it): fp64 gradients are clipped
+        # apart, at their own precision, and a norm in half precision is widened.
+        optimizer.grad_scale = th.clamp((total + EPS) / max_norm, min=1.0).float()  # type: ignore[attr-defined]
         try:
             optimizer.step()
         finally:

@@ -69,6 +69,28 @@ def test_matches_torch_clip_then_step(name: str, grad_scale: float) -> None:
             th.testing.assert_close(q.grad, p.grad, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [th.float64, th.bfloat16])
+def test_fused_steps_of_other_float_types(dtype: th.dtype) -> None:
+    """Parameters in fp64 or bf16 under a fused AdamW (whose step reads its scale in fp32 only): fp64
+    gradients are clipped apart, the same values as torch's clip then step; bf16 ones by the step's
+    scale, within bf16's rounding."""
+    params, ours = [], []
+    for p in _params_with_grads(10.0):
+        for group in (params, ours):
+            group.append(th.nn.Parameter(p.detach().to(dtype)))
+            group[-1].grad = None if p.grad is None else p.grad.to(dtype)
+    make_opt = OPTIMIZERS["adamw_fused"]
+    norm, expected = _torch_step(params, make_opt, max_norm=1.0)
+    our_norm, got = _package_step(ours, make_opt, max_norm=1.0)
+    assert norm > 1.0
+    for want, have in [(norm, our_norm), *zip(expected, got, strict=True)]:
+        assert have.dtype == dtype
+        if dtype == th.float64:
+            assert th.equal(have, want)
+        else:
+            th.testing.assert_close(have, want)
+
+
 def test_takes_grad_scale() -> None:
     params = _params_with_grads(1.0)
     assert takes_grad_scale(th.optim.AdamW(params, fused=True))

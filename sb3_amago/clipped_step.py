@@ -101,8 +101,8 @@ def native_step_lists(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor]
 def clipped_step(optimizer: th.optim.Optimizer, params: Sequence[th.Tensor], max_norm: float) -> th.Tensor:
     """``clip_grad_norm_(params, max_norm)`` then ``optimizer.step()``: the gradients are scaled by
     ``min(1, max_norm / (norm + 1e-6))`` before the step reads them, in the step's own pass where
-    the optimizer takes a gradient scale (:func:`takes_grad_scale`) and no gradient is fp64. Returns the total norm before
-    clipping, as ``clip_grad_norm_`` does. No host synchronisation on any device.
+    the optimizer takes a gradient scale (:func:`takes_grad_scale`) and no gradient is fp64. Returns
+    the total norm before clipping, as ``clip_grad_norm_`` does. No host synchronisation on any device.
 
     :param params: the parameters ``optimizer`` steps (those without a gradient are skipped)
     """

@@ -8,10 +8,10 @@ takes each row once and sums the weight's and bias's gradients per thread (2 thr
 warm caches; ``benchmarks/layer_norm_backward.py``). :data:`DECOMPOSITIONS` changes that one entry of
 inductor's decomposition table (:func:`sb3_amago.compiled_update.inductor_decompositions`): the
 backward of an fp32 CPU layer norm with a weight and a bias, all three gradients asked for, becomes
-the operator ``sb3_amago::layer_norm_backward``, opaque to the compiler, which runs torch's kernel. A compiled update on the CPU (:mod:`sb3_amago.compiled_update`) uses the table. The
-values are those of eager code's backward given the forward's mean and reciprocal deviation (which
-the compiled forward computes in its own order, so compiled and eager gradients differ at rounding
-level, as before).
+the operator ``sb3_amago::layer_norm_backward``, opaque to the compiler, which runs torch's kernel. A
+compiled update on the CPU (:mod:`sb3_amago.compiled_update`) uses the table. The values are those
+of eager code's backward given the forward's mean and reciprocal deviation (which the compiled forward
+computes in its own order, so compiled and eager gradients differ at rounding level, as before).
 
 Defined with torch.library's low-level API, like :mod:`~sb3_amago.nets.cpu_matmul`'s operator: no
 Python wrapper around each call. Its Python kernel (``CompositeExplicitAutograd``) calls torch's

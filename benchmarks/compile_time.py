@@ -17,17 +17,16 @@ Results: ``benchmarks/results/compile_time.json`` / ``.md`` (``--name`` changes 
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR, print_and_write
-from compare_commits import load_average
+from common import REPO, RESULTS_DIR, print_and_write
+from compare_commits import load_average, run_script
 
+#: The measuring process, run by :func:`compare_commits.run_script` (of its arguments it reads threads,
+#: length and updates; the model is always compiled, in fp32).
 MEASURE = """
 import json, sys, time, torch as th
 th.set_num_threads(int(sys.argv[1]))
@@ -45,19 +44,12 @@ print(json.dumps({"first_update_s": first, "update_ms": 1e3 * (time.perf_counter
 
 
 def first_update(cache_dir: Path, threads: int, length: int, updates: int) -> dict[str, float]:
-    """The first update's seconds and the next updates' mean milliseconds, in a fresh process whose
-    inductor cache is ``cache_dir``, with the 1-minute load average read before it starts."""
+    """The first update's seconds and the next updates' mean milliseconds, in a fresh process of the working
+    tree (:func:`compare_commits.run_script`) whose inductor cache is ``cache_dir``, with the 1-minute load
+    average read before it starts."""
     load = load_average()
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(threads), str(length), str(updates)],
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "load_average": load}
+    out = run_script(MEASURE, REPO, threads, length, updates, extra_env={"TORCHINDUCTOR_CACHE_DIR": str(cache_dir)})
+    return {**json.loads(out), "load_average": load}
 
 
 def measured_runs(threads: int, length: int, updates: int, warm_runs: int) -> list[dict[str, float]]:

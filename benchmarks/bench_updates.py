@@ -208,14 +208,16 @@ def trained_model(
     compile_model: bool = False,
     continuous: bool = False,
     policy_kwargs: dict[str, Any] | None = None,
+    warmup_updates: int = 3,
 ) -> AMAGO:
-    """The reference model (``policy_kwargs``: other widths) with a replay of full windows, after 3
-    warm-up updates (and compilation)."""
+    """The reference model (``policy_kwargs``: other widths) with a replay of full windows, after
+    ``warmup_updates`` updates (and with them the compilation)."""
     n_envs = 4
     model = make_model(n_envs, max_seq_len, 50_000, device, compile_model, continuous, policy_kwargs)
     model.mixed_precision = mixed_precision
     model.learn(n_envs * FILL_WINDOWS * (max_seq_len + 1))
-    model.train(gradient_steps=3, batch_size=8)
+    if warmup_updates:
+        model.train(gradient_steps=warmup_updates, batch_size=8)
     return model
 
 

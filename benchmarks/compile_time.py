@@ -1,9 +1,9 @@
 """How long the first compiled update takes (``compile_model=True``), with inductor's caches empty and
 with the caches an earlier process left.
 
-Each measurement runs in a fresh process: the reference model (``bench_updates.make_model``, the
-working tree) fills its replay with full windows, then its first update is timed (tracing, compiling
-and one update), then ``--updates`` more. The first process gets an empty inductor cache folder
+Each measurement runs in a fresh process: the reference model (``bench_updates.trained_model`` with no
+warm-up, the working tree) fills its replay with full windows, then its first update is timed
+(tracing, compiling and one update), then ``--updates`` more. The first process gets an empty inductor cache folder
 (``TORCHINDUCTOR_CACHE_DIR``, a new temporary one), as on a machine that never compiled the update; the
 next ``--warm-runs`` processes reuse that folder, as a user's later runs on the same machine do. The
 package's own C++ kernels are built once per machine and torch version (``TORCH_EXTENSIONS_DIR``)
@@ -30,10 +30,9 @@ from compare_commits import load_average, run_script
 MEASURE = """
 import json, sys, time, torch as th
 th.set_num_threads(int(sys.argv[1]))
-from bench_updates import FILL_WINDOWS, make_model
+from bench_updates import trained_model
 length, updates = int(sys.argv[2]), int(sys.argv[3])
-model = make_model(4, length, 50_000, compile_model=True)
-model.learn(4 * FILL_WINDOWS * (length + 1))
+model = trained_model(length, compile_model=True, warmup_updates=0)
 start = time.perf_counter()
 model.train(gradient_steps=1, batch_size=8)
 first = time.perf_counter() - start
